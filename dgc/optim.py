@@ -1,0 +1,83 @@
+"""The optimizer side of DGC: momentum SGD that knows which momenta the compressor keeps.
+
+With momentum correction, DGC keeps the momentum of each compressed tensor in
+its own state on every worker and sends (a sparse part of) the accumulated
+velocity. The averaged gradient of such a tensor is therefore already the
+update direction, and the optimizer must only apply the learning rate:
+``w -= lr * G``. Every other tensor (those sent dense, and all tensors of the
+other compressors) gets ordinary ``torch.optim.SGD`` momentum, Nesterov and
+weight decay, applied to the averaged gradient. Weight decay of compressed
+tensors is added locally before compression by the :class:`~dgc.sync.GradientSync`;
+the learning rate is always applied after aggregation, so schedules need no
+special care.
+
+Usage::
+
+    sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.001))
+    opt = dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9, weight_decay=1e-4)
+    ...
+    loss.backward(); sync.step(); opt.step(); opt.zero_grad()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from dgc.sync import GradientSync
+
+
+class SGD(torch.optim.Optimizer):
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        sync: GradientSync,
+        lr: float,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+    ):
+        if lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        if momentum < 0:
+            raise ValueError(f"momentum must be >= 0, got {momentum}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if nesterov and momentum <= 0:
+            raise ValueError("nesterov needs momentum > 0")
+        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay))
+        self.sync = sync
+        self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        sync.bind_optimizer(self)
+
+    def hyper(self, param: torch.Tensor) -> tuple[float, bool, float]:
+        group = self._group_of[id(param)]
+        return float(group["momentum"]), bool(group["nesterov"]), float(group["weight_decay"])
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 - torch's signature
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if self.sync.owns_momentum(p):
+                    p.add_(p.grad, alpha=-lr)
+                    continue
+                d_p = p.grad if wd == 0 else p.grad.add(p, alpha=wd)
+                if momentum:
+                    state = self.state[p]
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        buf = state["momentum_buffer"] = d_p.detach().clone()
+                    else:
+                        buf.mul_(momentum).add_(d_p)
+                    d_p = d_p.add(buf, alpha=momentum) if group["nesterov"] else buf
+                p.add_(d_p, alpha=-lr)
+        return loss

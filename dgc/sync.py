@@ -1,0 +1,252 @@
+"""GradientSync: the one object that turns local gradients into averaged ones.
+
+Used two ways, with the same arithmetic:
+
+* library path: ``loss.backward(); sync.step(); optimizer.step()``;
+* DDP: ``ddp_model.register_comm_hook(sync, dgc.ddp_comm_hook)`` (see :mod:`dgc.hook`).
+
+Per step, over all gradients of the step:
+
+1. **local gradient clipping** (``clip_norm``): the local gradient of this worker
+   is scaled so its global L2 norm is at most ``clip_norm * N**-0.5``. It happens
+   here, before anything is accumulated, because DGC's residuals would otherwise
+   hold unclipped gradients for hundreds of steps; it needs no communication, so
+   it does not wait for other workers. Each worker's share is ``N**-0.5`` of the
+   clip because the sum of N independent gradients of norm c/sqrt(N) has norm
+   about c.
+2. **weight decay** for tensors whose momentum the compressor keeps (DGC with
+   momentum correction): ``g += wd * w`` locally, so it enters the momentum like
+   in ``torch.optim.SGD``. Other tensors get weight decay in the optimizer after
+   aggregation; either way it is never communicated on its own.
+3. tensors are split by the :class:`Policy`: compressed ones go to the
+   compressor, the rest (biases, BatchNorm) are averaged dense in one allreduce.
+4. the compressor exchanges and writes the averaged result into the gradients.
+
+Everything runs in one thread in a fixed tensor order, so every worker issues
+the same collectives in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from dgc.comm import Comm
+from dgc.compressors import Compressor
+from dgc.compressors.base import Item
+from dgc.compressors.dense import DENSE_DTYPES, allreduce_dense
+from dgc.timing import Phases
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which tensors are compressed: ``ndim >= min_ndim`` and ``numel >= min_numel``.
+
+    The default is the paper's: weights of convolutions and linear layers
+    (dim > 1) compressed; biases and BatchNorm parameters sent dense, in
+    ``dense_values`` (fp32, fp16 or bf16).
+    """
+
+    min_ndim: int = 2
+    min_numel: int = 1
+    dense_values: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.min_ndim < 0 or self.min_numel < 0:
+            raise ValueError("policy min_ndim and min_numel must be >= 0")
+        if self.dense_values not in DENSE_DTYPES:
+            raise ValueError(f"policy dense_values must be one of {sorted(DENSE_DTYPES)}, got {self.dense_values!r}")
+
+    def compresses(self, param: torch.Tensor) -> bool:
+        return param.dim() >= self.min_ndim and param.numel() >= self.min_numel
+
+
+class Hyper(Protocol):
+    """What GradientSync needs from the optimizer (implemented by :class:`dgc.optim.SGD`)."""
+
+    def hyper(self, param: torch.Tensor) -> tuple[float, bool, float]:
+        """``(momentum, nesterov, weight_decay)`` for ``param``."""
+        ...
+
+
+@dataclass
+class StepStats:
+    """What one exchange did, from this worker's point of view."""
+
+    step: int
+    epoch: float
+    density: float
+    dense_bytes: int  # fp32 size of the whole gradient
+    sent_bytes: int  # bytes this worker put into collectives
+    recv_bytes: int
+    collectives: int
+    values_sent: int = 0
+    compressed_numel: int = 0
+    compress_s: float = 0.0
+    communicate_s: float = 0.0
+    decompress_s: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def wire_ratio(self) -> float:
+        return self.dense_bytes / self.sent_bytes if self.sent_bytes else math.inf
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["wire_ratio"] = self.wire_ratio
+        return out
+
+
+class GradientSync:
+    """Compress, exchange and average the gradients of ``model`` (see the module docstring).
+
+    Args:
+        model: a module, or an iterable of ``(name, parameter)``; names key the state.
+        compressor: from :func:`dgc.build_compressor`.
+        policy: which tensors are compressed (ignored by dense compressors).
+        clip_norm: local gradient clipping threshold before the ``N**-0.5`` scaling; None: off.
+        group: process group (None: the default group, or a single process).
+        timing: time the phases (on CUDA this synchronizes the device at phase boundaries).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | Iterable[tuple[str, torch.nn.Parameter]],
+        compressor: Compressor,
+        *,
+        policy: Policy | None = None,
+        clip_norm: float | None = None,
+        group: dist.ProcessGroup | None = None,
+        timing: bool = True,
+    ):
+        named = model.named_parameters() if isinstance(model, torch.nn.Module) else model
+        self.params: list[tuple[str, torch.nn.Parameter]] = [(n, p) for n, p in named if p.requires_grad]
+        self._names = {id(p): n for n, p in self.params}
+        self._order = {n: i for i, (n, _) in enumerate(self.params)}
+        if clip_norm is not None and (math.isnan(clip_norm) or clip_norm <= 0):
+            raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}")
+        self.compressor = compressor
+        self.policy = policy or Policy()
+        self.clip_norm = clip_norm
+        self.comm = Comm(group)
+        self.compressor.bind(self.comm)
+        self.timing = timing
+        self.optimizer: Hyper | None = None
+        self.steps = 0
+        self.last: StepStats | None = None
+        self._pending: list[Any] = []  # DDP buckets waiting for the last one
+
+    # -- configuration -------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    def bind_optimizer(self, optimizer: Hyper) -> None:
+        self.optimizer = optimizer
+
+    def is_compressed(self, param: torch.Tensor) -> bool:
+        return self.compressor.handles_all_tensors or self.policy.compresses(param)
+
+    def owns_momentum(self, param: torch.Tensor) -> bool:
+        """True when the averaged gradient of ``param`` already includes momentum and weight decay."""
+        return self.compressor.owns_momentum and self.is_compressed(param)
+
+    def set_epoch(self, epoch: float) -> None:
+        """Drive the compression warm-up (a fractional epoch is fine)."""
+        self.compressor.set_epoch(epoch)
+
+    def name_of(self, param: torch.Tensor) -> str:
+        try:
+            return self._names[id(param)]
+        except KeyError:
+            raise KeyError("parameter not registered with this GradientSync (built from another model?)") from None
+
+    # -- the step ------------------------------------------------------------------
+    def step(self) -> StepStats:
+        """Average the ``.grad`` of every parameter (library path). A missing grad counts as zeros."""
+        pairs = []
+        for _, p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            pairs.append((p, p.grad))
+        return self.sync(pairs)
+
+    def sync(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> StepStats:
+        """Exchange ``(param, grad)`` pairs in place; grads must be contiguous."""
+        pairs = sorted(pairs, key=lambda pg: self._order[self.name_of(pg[0])])
+        phases = Phases(cuda_sync=self.timing and any(g.is_cuda for _, g in pairs))
+        self.comm.phases = phases
+        self.comm.reset_traffic()
+        with phases("compress"):
+            self._clip([g for _, g in pairs])
+            compressed, dense = [], []
+            for p, g in pairs:
+                item = self._item(p, g)
+                (compressed if self.is_compressed(p) else dense).append(item)
+        allreduce_dense(dense, self.comm, phases, DENSE_DTYPES[self.policy.dense_values])
+        self.compressor.exchange(compressed, self.comm, phases)
+        traffic = self.comm.reset_traffic()
+        self.steps += 1
+        self.last = StepStats(
+            step=self.steps,
+            epoch=self.compressor.epoch,
+            density=self.compressor.density(),
+            dense_bytes=sum(g.numel() for _, g in pairs) * 4,
+            sent_bytes=traffic.sent,
+            recv_bytes=traffic.recv,
+            collectives=traffic.collectives,
+            values_sent=phases.counters.get("values_sent", 0),
+            compressed_numel=sum(it.grad.numel() for it in compressed),
+            compress_s=phases.seconds["compress"],
+            communicate_s=phases.seconds["communicate"],
+            decompress_s=phases.seconds["decompress"],
+            counters=dict(phases.counters),
+        )
+        return self.last
+
+    def _item(self, param: torch.Tensor, grad: torch.Tensor) -> Item:
+        name = self.name_of(param)
+        if not self.owns_momentum(param):
+            return Item(name, param, grad)
+        if self.optimizer is None:
+            raise RuntimeError(
+                f"compressor {self.compressor.name!r} keeps the momentum: build the optimizer with "
+                "dgc.SGD(params, sync, ...) so the momentum and weight decay reach it"
+            )
+        momentum, nesterov, weight_decay = self.optimizer.hyper(param)
+        if weight_decay:
+            grad.add_(param.detach(), alpha=weight_decay)
+        return Item(name, param, grad, momentum=momentum, nesterov=nesterov)
+
+    def _clip(self, grads: list[torch.Tensor]) -> None:
+        if self.clip_norm is None or not grads:
+            return
+        limit = self.clip_norm * self.world_size**-0.5
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        scale = torch.clamp(limit / (norm + 1e-6), max=1.0)
+        torch._foreach_mul_(grads, scale)
+
+    # -- state ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's compression state, keyed by parameter name."""
+        return {
+            "compressor": self.compressor.state_dict(),
+            "steps": self.steps,
+            "world_size": self.world_size,
+            "rank": self.comm.rank,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.compressor.load_state_dict(state["compressor"])
+        self.steps = int(state["steps"])
+
+    def __repr__(self) -> str:
+        return (
+            f"GradientSync({self.compressor!r}, policy={self.policy}, clip_norm={self.clip_norm}, "
+            f"world_size={self.world_size})"
+        )
