@@ -22,8 +22,7 @@ For the dense baselines use DDP's own hooks (its default allreduce, or
 ``default_hooks.fp16_compress_hook``), which overlap with the backward pass.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: DDP checks the hook's annotations at runtime
 import torch
 import torch.distributed as dist
 

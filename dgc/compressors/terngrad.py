@@ -50,6 +50,18 @@ class TernGrad(Compressor):
         super().bind(comm)
         self.generator = make_generator(self.seed * 1_000_003 + comm.rank)
 
+    def _generator_on(self, device: torch.device) -> torch.Generator:
+        # random numbers are drawn where the gradient lives: no host copies on CUDA
+        if self.generator.device != device:
+            state = self.generator.get_state() if self.generator.device.type == device.type else None
+            gen = torch.Generator(device=device)
+            if state is not None:
+                gen.set_state(state)
+            else:
+                gen.manual_seed(self.seed * 1_000_003 + self.rank)
+            self.generator = gen
+        return self.generator
+
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
         if not items:
             return
@@ -66,7 +78,7 @@ class TernGrad(Compressor):
             packed = []
             for g, s in zip(grads, scales):
                 prob = g.abs() / s.clamp_min(1e-30)
-                rand = torch.rand(g.numel(), generator=self.generator).to(g.device)
+                rand = torch.rand(g.numel(), generator=self._generator_on(g.device), device=g.device)
                 codes = (torch.sign(g) * (rand < prob)).to(torch.int8) + 1
                 packed.append(pack2(codes.to(torch.uint8)))
             message = torch.cat(packed)

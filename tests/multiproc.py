@@ -1,0 +1,72 @@
+"""Run a function in N real processes joined by a gloo process group on 127.0.0.1.
+
+``run(fn, world_size, *args)`` spawns the workers, calls ``fn(rank, world_size, *args)``
+in each after ``init_process_group``, and returns the per-rank return values
+(anything ``torch.save`` can write). A failing worker fails the call with its
+traceback; no process outlives the call.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, outdir: str, fn: Callable, args: tuple) -> None:
+    torch.set_num_threads(1)
+    os.environ["DGC_TEST_RANK"] = str(rank)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=_TIMEOUT
+    )
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save({"ok": result}, os.path.join(outdir, f"{rank}.pt"))
+    except BaseException:
+        torch.save({"error": traceback.format_exc()}, os.path.join(outdir, f"{rank}.pt"))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+_TIMEOUT = __import__("datetime").timedelta(seconds=120)
+
+
+def run(fn: Callable, world_size: int, *args: Any) -> list[Any]:
+    with tempfile.TemporaryDirectory() as outdir:
+        error = None
+        try:
+            mp.start_processes(
+                _entry,
+                args=(world_size, free_port(), outdir, fn, args),
+                nprocs=world_size,
+                join=True,
+                start_method="spawn",
+            )
+        except Exception as exc:  # the per-rank traceback below says more
+            error = exc
+        results = []
+        for rank in range(world_size):
+            path = os.path.join(outdir, f"{rank}.pt")
+            if not os.path.exists(path):
+                raise RuntimeError(f"rank {rank} wrote no result: {error}")
+            out = torch.load(path, weights_only=False)
+            if "error" in out:
+                raise RuntimeError(f"rank {rank} failed:\n{out['error']}")
+            results.append(out["ok"])
+        if error is not None:
+            raise RuntimeError(f"workers failed: {error}")
+        return results

@@ -1,0 +1,224 @@
+"""Multi-process tests of GradientSync on gloo (2 and 4 real processes)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import dgc
+from dgc import wire
+from dgc.comm import Comm
+from tests.multiproc import run
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(2, 4, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 6 * 6, 5),
+    )
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 2, 6, 6, generator=gen), torch.randint(0, 5, (8,), generator=gen)
+
+
+def local_backward(model: torch.nn.Module, rank: int, step: int) -> torch.Tensor:
+    x, y = batch(rank, step)
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach()
+
+
+def reference_step(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: int, step: int, world: int) -> None:
+    """Dense data-parallel SGD: average the gradients with a plain all_reduce."""
+    local_backward(model, rank, step)
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad.div_(world)
+    opt.step()
+
+
+def params(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# -- density 1.0: DGC equals momentum SGD (masking off) or plain SGD (masking on) ----------
+
+
+def _density_one(rank: int, world: int) -> dict:
+    steps, lr, wd = 6, 0.1, 1e-3
+    out = {}
+    for nesterov in (False, True):
+        model, ref = make_model(), make_model()
+        comp = dgc.build_compressor("dgc", density=1.0, momentum_masking=False)
+        sync = dgc.GradientSync(model, comp)
+        opt = dgc.SGD(model.parameters(), sync, lr=lr, momentum=0.9, nesterov=nesterov, weight_decay=wd)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9, nesterov=nesterov, weight_decay=wd)
+        for step in range(steps):
+            local_backward(model, rank, step)
+            sync.step()
+            opt.step()
+            reference_step(ref, ref_opt, rank, step, world)
+        out[f"mask_off_nesterov={nesterov}"] = (params(model), params(ref))
+
+    # masking on: every coordinate is sent every step and loses its momentum, so the
+    # compressed tensors follow plain SGD; biases (sent dense) keep ordinary momentum.
+    model, ref = make_model(), make_model()
+    sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=1.0))
+    opt = dgc.SGD(model.parameters(), sync, lr=lr, momentum=0.9)
+    weights = [p for p in ref.parameters() if p.dim() > 1]
+    biases = [p for p in ref.parameters() if p.dim() <= 1]
+    ref_opt = torch.optim.SGD([{"params": weights, "momentum": 0.0}, {"params": biases}], lr=lr, momentum=0.9)
+    for step in range(steps):
+        local_backward(model, rank, step)
+        sync.step()
+        opt.step()
+        reference_step(ref, ref_opt, rank, step, world)
+    out["mask_on"] = (params(model), params(ref))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_dgc_at_density_one_matches_dense_sgd(world: int) -> None:
+    results = run(_density_one, world)
+    for rank_out in results:
+        for case, (got, want) in rank_out.items():
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=lambda m, c=case: f"{c}: {m}")
+    # every rank holds the same model
+    for case in results[0]:
+        for g0, g1 in zip(results[0][case][0], results[-1][case][0], strict=True):
+            assert torch.equal(g0, g1), case
+
+
+# -- variable counts, including zero, through the real allgather ----------------------------
+
+
+def _uneven(rank: int, world: int) -> dict:
+    comm = Comm()
+    numels = [50, 70_000, 3]
+    fmt_results = {}
+    for fmt in (wire.WireFormat("fp32", "delta16"), wire.WireFormat("fp16", "int32")):
+        expected = [torch.zeros(n) for n in numels]
+        mine = None
+        for r in range(world):
+            gen = torch.Generator().manual_seed(r)
+            vals, idxs = [], []
+            for t, n in enumerate(numels):
+                count = 0 if r == 0 else min(n, (r * 7 + t * 3) % (n + 1))  # rank 0 sends nothing
+                idx = torch.sort(torch.randperm(n, generator=gen)[:count]).values
+                val = torch.randn(count, generator=gen).to(fmt.value_dtype).float()
+                expected[t].index_add_(0, idx, val)
+                vals.append(val)
+                idxs.append(idx)
+            if r == rank:
+                mine = (vals, idxs)
+        message = wire.encode(*mine, fmt)
+        rows, lengths = comm.allgather_bytes(message)
+        offsets = torch.tensor([0, numels[0], numels[0] + numels[1]])
+        flat = torch.zeros(sum(numels))
+        for r in range(world):
+            pos, val = wire.decode(rows[r, : lengths[r]], offsets, fmt)
+            flat.index_add_(0, pos, val)
+        fmt_results[str(fmt)] = (flat, torch.cat(expected), lengths, message.numel())
+    return fmt_results
+
+
+def test_uneven_counts_exchange_correctly() -> None:
+    results = run(_uneven, 3)
+    for rank, out in enumerate(results):
+        for name, (got, want, lengths, mine) in out.items():
+            torch.testing.assert_close(got, want, msg=name)
+            assert lengths[rank] == mine
+            assert len(set(lengths)) > 1, "the test must exercise different message sizes"
+
+
+# -- the other compressors keep every rank identical and train ------------------------------
+
+
+def _every_compressor(rank: int, world: int) -> dict:
+    out = {}
+    configs = {
+        "none": {},
+        "fp16": {},
+        "topk": {"density": 0.05},
+        "dgc": {"density": 0.05, "warmup_epochs": 1},
+        "terngrad": {},
+        "powersgd": {"rank": 2},
+    }
+    for name, kwargs in configs.items():
+        model = make_model()
+        sync = dgc.GradientSync(model, dgc.build_compressor(name, **kwargs), clip_norm=5.0)
+        opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9)
+        losses = []
+        for step in range(30):
+            sync.set_epoch(step / 10)
+            x, y = batch(rank, step % 3)  # a few batches, revisited: the loss must fall
+            model.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            stats = sync.step()
+            opt.step()
+            losses.append(float(loss))
+        out[name] = (params(model), losses, stats.as_dict())
+    return out
+
+
+def test_every_compressor_trains_consistently_on_four_ranks() -> None:
+    results = run(_every_compressor, 4)
+    for name in results[0]:
+        for rank_out in results[1:]:
+            for a, b in zip(results[0][name][0], rank_out[name][0], strict=True):
+                assert torch.equal(a, b), f"{name}: ranks diverged"
+        losses = results[0][name][1]
+        assert sum(losses[-3:]) < sum(losses[:3]), f"{name}: loss did not fall {losses[:3]} -> {losses[-3:]}"
+        stats = results[0][name][2]
+        assert stats["sent_bytes"] > 0 and stats["dense_bytes"] == sum(p.numel() for p in make_model().parameters()) * 4
+        if name in ("topk", "dgc", "terngrad", "powersgd", "fp16"):
+            assert stats["wire_ratio"] > 1.5, (name, stats)
+
+
+# -- state_dict in mid-run continues the identical trajectory --------------------------------
+
+
+def _resume(rank: int, world: int) -> dict:
+    def build():
+        model = make_model()
+        sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.05, warmup_epochs=2), clip_norm=1.0)
+        opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
+        return model, sync, opt
+
+    def train(model, sync, opt, steps):
+        for step in steps:
+            sync.set_epoch(step / 4)
+            local_backward(model, rank, step)
+            sync.step()
+            opt.step()
+
+    model, sync, opt = build()
+    train(model, sync, opt, range(5))
+    saved = copy.deepcopy((model.state_dict(), opt.state_dict(), sync.state_dict()))
+    train(model, sync, opt, range(5, 10))
+    straight = params(model)
+
+    model, sync, opt = build()
+    model.load_state_dict(saved[0])
+    opt.load_state_dict(saved[1])
+    sync.load_state_dict(saved[2])
+    train(model, sync, opt, range(5, 10))
+    return {"straight": straight, "resumed": params(model)}
+
+
+def test_state_dict_round_trip_continues_identically() -> None:
+    for out in run(_resume, 2):
+        for a, b in zip(out["straight"], out["resumed"], strict=True):
+            assert torch.equal(a, b)
