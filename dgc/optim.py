@@ -49,10 +49,15 @@ class SGD(torch.optim.Optimizer):
             raise ValueError("nesterov needs momentum > 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay))
         self.sync = sync
-        self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        self._group_key: tuple[int, int] | None = None
         sync.bind_optimizer(self)
 
     def hyper(self, param: torch.Tensor) -> tuple[float, bool, float]:
+        # param_groups is replaced by load_state_dict and grows with add_param_group: re-index then
+        key = (id(self.param_groups), len(self.param_groups))
+        if key != self._group_key:
+            self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+            self._group_key = key
         group = self._group_of[id(param)]
         return float(group["momentum"]), bool(group["nesterov"]), float(group["weight_decay"])
 

@@ -21,10 +21,9 @@ PAPER_WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004)
 
 def check_density(value: float, what: str = "density") -> float:
     """Return ``value`` as float if it is a number in (0, 1], else raise a ValueError."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number in (0, 1], got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number in (0, 1], got {value!r}")
+    value = float(value)
     if math.isnan(value) or not 0.0 < value <= 1.0:
         raise ValueError(f"{what} must be a number in (0, 1], got {value!r}")
     return value
@@ -51,7 +50,9 @@ class DensitySchedule:
             if math.isnan(coeff) or not 0.0 < coeff < 1.0:
                 raise ValueError(f"warmup_coeff must be a number in (0, 1), got {warmup_coeff!r}")
             stages, d = [], coeff
-            while d > self.density and len(stages) < 64:
+            # c**j is computed by repeated products: 10**-0.5 to the 6th gives 0.0010000000000000002,
+            # which must not count as "above" a density of 0.001 (a spurious stage at the final density)
+            while d > self.density * (1 + 1e-9) and len(stages) < 64:
                 stages.append(d)
                 d *= coeff
         else:

@@ -38,8 +38,10 @@ def _entry(rank: int, world_size: int, port: int, outdir: str, fn: Callable, arg
     except BaseException:
         torch.save({"error": traceback.format_exc()}, os.path.join(outdir, f"{rank}.pt"))
         raise
-    finally:
-        dist.destroy_process_group()
+    # every rank is done with its collectives before any tears down its connections
+    # (gloo can abort a rank whose peers have already gone)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 _TIMEOUT = __import__("datetime").timedelta(seconds=120)

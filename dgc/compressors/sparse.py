@@ -50,18 +50,24 @@ class SparseCompressor(Compressor):
         if not items:
             return
         density = self.density()
+        value_dtype = self.wire.value_dtype
         with phases("compress"):
             values, positions, accumulators = [], [], []
             for it in items:
                 idx, acc = self.select(it, density, phases)
+                val = acc[idx]
+                if value_dtype != torch.float32:
+                    # fp16 overflows above 65504: send the largest finite value; the excess stays in the residual
+                    limit = torch.finfo(value_dtype).max
+                    val.clamp_(-limit, limit)
                 positions.append(idx)
-                values.append(acc[idx])
+                values.append(val)
                 accumulators.append(acc)
             message = wire.encode(values, positions, self.wire)
             for idx, val, acc in zip(positions, values, accumulators):
-                if self.wire.value_dtype != torch.float32:
-                    # the rounding error of 16-bit values stays in the residual
-                    acc[idx] = val - val.to(self.wire.value_dtype).to(val.dtype)
+                if value_dtype != torch.float32:
+                    # what was not sent (16-bit rounding error, clamped excess) stays in the residual
+                    acc[idx] -= val.to(value_dtype).to(val.dtype)
                 else:
                     acc[idx] = 0
             phases.counters["values_sent"] += sum(v.numel() for v in values)

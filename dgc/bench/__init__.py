@@ -1,0 +1,49 @@
+"""Benchmarks: ``python -m dgc.bench {select,wire}``.
+
+* ``select``: DGC's compression step on one large tensor against exact top-k and
+  one plain memory pass, interleaved in one run (:mod:`dgc.bench.select`);
+* ``wire``: bytes per step of every compressor on a torchvision model's
+  gradient shapes, in a single process (:mod:`dgc.bench.wire`).
+
+Each prints one JSON object on stdout and writes the same text, atomically, to
+``results/bench/<name>.json`` (``--out`` overrides). Progress goes to stderr.
+Bad arguments exit with status 2 and a one-line message.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dgc.bench import select, wire
+from dgc.bench.common import BenchError, OneLineParser
+
+COMMANDS = {"select": select, "wire": wire}
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="python -m dgc.bench",
+        description="DGC benchmarks; each writes one JSON result (see `python -m dgc.bench <command> --help`).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", required=True)
+    for module in COMMANDS.values():
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if Path(args.out).is_dir():
+        parser.error(f"argument --out: {args.out!r} is a folder; give a file path")
+    try:
+        COMMANDS[args.command].run(args)
+    except BenchError as e:
+        print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+__all__ = ["COMMANDS", "BenchError", "build_parser", "main"]

@@ -1,0 +1,8 @@
+"""``python -m dgc.bench {select,wire} [options]``; see :mod:`dgc.bench`."""
+
+import sys
+
+from dgc.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main())

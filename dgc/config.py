@@ -1,0 +1,156 @@
+"""Typed configuration of a training run (plain dataclasses; Hydra registers them as schemas).
+
+The entry point (:mod:`dgc.train`) composes YAML files from ``conf/`` on top of
+these schemas, so an unknown key or a wrong type fails at compose time, and
+turns the result into these objects for the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class TaskConfig:
+    name: str = "???"
+    #: which task family runs it: image | language | speech
+    kind: str = "image"
+    #: DGC's density warm-up for this task, in epochs (the paper: 4 of 164 on CIFAR, 4 of 90 on
+    #: ImageNet, 1 of 40 on PTB, 1 of 80 on speech); used by compression/dgc.yaml
+    compression_warmup_epochs: float = 0.0
+    #: DGC's local gradient clipping threshold for this task (null: off); used by compression/dgc.yaml
+    local_clip_norm: float | None = None
+
+
+@dataclass
+class ModelConfig:
+    #: model builder, see ``dgc.tasks.models``
+    name: str = "???"
+    #: keyword arguments of the builder (checked against its signature before the run starts)
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    #: data source, see ``dgc.tasks``
+    name: str = "???"
+    #: where the data lives on disk
+    root: str = "???"
+    #: use only the first N training examples (quick runs)
+    limit: int | None = None
+    #: evaluate on only the first N evaluation examples
+    eval_limit: int | None = None
+    augment: bool = True
+    loader_workers: int = 0
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    #: learning rate per worker; multiplied by the world size when ``scale_lr``
+    lr: float = 0.1
+    scale_lr: bool = True
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 1e-4
+    #: no weight decay on BatchNorm parameters and biases (tensors with dim <= 1)
+    no_decay_1d: bool = False
+    #: cosine | multistep | constant
+    schedule: str = "cosine"
+    #: epochs at which multistep multiplies the rate by ``gamma``
+    milestones: list[float] = field(default_factory=list)
+    gamma: float = 0.1
+    #: linear learning-rate warm-up, in epochs
+    warmup_epochs: float = 0.0
+    #: global gradient-norm clipping after aggregation (the dense baseline's clipping); null: off
+    grad_clip: float | None = None
+
+
+@dataclass
+class PolicyConfig:
+    min_ndim: int = 2
+    min_numel: int = 1
+    dense_values: str = "fp32"
+
+
+@dataclass
+class CompressionConfig:
+    """Compressor name, its options (null: the compressor's default) and the exchange settings."""
+
+    name: str = "none"
+    density: float | None = None
+    sample_ratio: float | None = None
+    lower_bound: float | None = None
+    max_adaptations: int | None = None
+    momentum_correction: bool | None = None
+    momentum_masking: bool | None = None
+    #: compression warm-up in epochs (the paper: 4 of 164 on CIFAR, 1 of 40 on PTB)
+    warmup_epochs: float | None = None
+    warmup_densities: list[float] | None = None
+    warmup_coeff: float | None = None
+    wire_values: str | None = None
+    wire_indices: str | None = None
+    rank: int | None = None
+    error_feedback: bool | None = None
+    warm_start: bool | None = None
+    clip_sigma: float | None = None
+    seed: int | None = None
+    #: local gradient clipping (before the N**-0.5 scaling); null: off
+    clip_norm: float | None = None
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    #: exchange through DDP's communication hook instead of the library path
+    ddp_hook: bool = False
+
+    def compressor_options(self) -> dict[str, Any]:
+        skip = {"name", "clip_norm", "policy", "ddp_hook"}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in skip and getattr(self, f.name) is not None
+        }
+
+
+@dataclass
+class TrainConfig:
+    epochs: float = 1.0
+    #: batch per worker (per micro-batch when accumulating)
+    batch_size: int = 32
+    eval_batch_size: int = 256
+    #: micro-batches per optimizer step
+    accumulate: int = 1
+    #: stop after N optimizer steps, then evaluate and write the summary
+    max_steps: int | None = None
+    log_every: int = 10
+    #: checkpoint every N steps (0: only at the end of each epoch and of the run)
+    checkpoint_every: int = 0
+    #: bf16 autocast (CUDA only)
+    bf16: bool = False
+    #: progress bar on rank 0
+    progress: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    #: also log to Weights & Biases (offline unless ``mode=online``)
+    wandb: bool = False
+    project: str = "dgc"
+    mode: str = "offline"
+
+
+@dataclass
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    #: run directory shared by all ranks (default: runs/<task>/<compression>/<time>)
+    run_dir: str | None = None
+    seed: int = 0
+    #: continue the run in ``run_dir`` from its checkpoint
+    resume: bool = False
+    #: auto | cpu | cuda
+    device: str = "auto"

@@ -1,0 +1,102 @@
+"""The one place that initializes torch.distributed (torchrun, Slurm's srun, or one process).
+
+* torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``;
+* ``srun`` without torchrun sets ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``;
+  the launch script exports ``MASTER_ADDR``/``MASTER_PORT`` (see ``launch/slurm/``);
+* otherwise the run is a single process and no process group is created.
+
+The backend is NCCL when the run uses CUDA and gloo otherwise; with CUDA each rank
+takes the GPU of its local rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        if os.environ.get(name, "") != "":
+            return int(os.environ[name])
+    return None
+
+
+def resolve_device(device: str) -> torch.device:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be one of auto, cpu, cuda; got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda but CUDA is not available; use device=cpu or device=auto")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistInfo:
+    """Initialize the default process group from the launcher's environment (idempotent)."""
+    rank = _env_int("RANK", "SLURM_PROCID") or 0
+    world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS") or 1
+    local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID") or 0
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    if world_size == 1:
+        return DistInfo(0, 1, 0, dev, None)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            raise RuntimeError("MASTER_PORT is not set: launch with torchrun, or export MASTER_ADDR/MASTER_PORT")
+        dist.init_process_group(
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=dev if dev.type == "cuda" else None,
+        )
+    return DistInfo(rank, world_size, local_rank, dev, backend)
+
+
+def shutdown(clean: bool = True) -> None:
+    """Leave the process group; ``clean``: first wait until every rank is done
+    (gloo may abort a rank whose peers left first). After a failure, leave at once."""
+    if dist.is_initialized():
+        if clean:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    """Rank ``src``'s object on every rank (the object itself in a single process)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a few numbers over all ranks."""
+    if not dist.is_initialized():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()

@@ -1,0 +1,321 @@
+"""The shared trainer: any task, any compressor, one process or many.
+
+``Trainer(cfg, info).fit()`` validates everything before touching the disk (a bad
+configuration raises :class:`ConfigError` and leaves no run directory), then trains
+with per-worker batches, the learning rate scaled by the number of workers with a
+linear warm-up and a cosine or multistep schedule, the compression warm-up driven
+by the fractional epoch, gradient accumulation, optional bf16 autocast on CUDA,
+evaluation after every epoch, ``metrics.jsonl``, checkpoints and ``summary.json``
+(see :mod:`dgc.run`). Only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import dgc
+from dgc.config import Config
+from dgc.distributed import DistInfo
+from dgc.run import RunFiles
+from dgc.sync import Policy
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message is one line saying what is valid."""
+
+
+SCHEDULES = ("cosine", "multistep", "constant")
+
+
+def learning_rate(cfg: Config, base: float, epoch: float) -> float:
+    """Rate at a fractional epoch: linear warm-up, then cosine / multistep / constant."""
+    opt = cfg.optim
+    if opt.warmup_epochs > 0 and epoch < opt.warmup_epochs:
+        return base * (epoch + 1e-3) / opt.warmup_epochs
+    if opt.schedule == "cosine":
+        span = max(cfg.train.epochs - opt.warmup_epochs, 1e-9)
+        progress = min(max((epoch - opt.warmup_epochs) / span, 0.0), 1.0)
+        return base * 0.5 * (1 + math.cos(math.pi * progress))
+    if opt.schedule == "multistep":
+        return base * opt.gamma ** sum(epoch >= m for m in opt.milestones)
+    return base
+
+
+def validate(cfg: Config) -> None:
+    t, o = cfg.train, cfg.optim
+    checks = [
+        (t.epochs > 0, f"train.epochs must be > 0, got {t.epochs}"),
+        (t.batch_size >= 1, f"train.batch_size must be >= 1, got {t.batch_size}"),
+        (t.accumulate >= 1, f"train.accumulate must be >= 1, got {t.accumulate}"),
+        (t.max_steps is None or t.max_steps >= 1, f"train.max_steps must be >= 1 or null, got {t.max_steps}"),
+        (t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}"),
+        (o.schedule in SCHEDULES, f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {o.schedule!r}"),
+        (o.lr > 0, f"optim.lr must be > 0, got {o.lr}"),
+        (cfg.logger.mode in ("offline", "online", "disabled"), "logger.mode must be offline, online or disabled"),
+        (not cfg.resume or cfg.run_dir, "resume=true needs run_dir=PATH of the run to continue"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, info: DistInfo):
+        validate(cfg)
+        if cfg.train.bf16 and info.device.type != "cuda":
+            raise ConfigError("train.bf16=true needs CUDA (bf16 autocast is for GPUs); set train.bf16=false")
+        self.cfg, self.info = cfg, info
+        from dgc.tasks import build_task
+
+        try:
+            self.task = build_task(cfg, info)
+            self.task.check()
+            torch.manual_seed(cfg.seed)  # identical initialization on every worker
+            self.model = self.task.build_model().to(info.device)
+            compressor = dgc.build_compressor(cfg.compression.name, **cfg.compression.compressor_options())
+            policy = Policy(**asdict(cfg.compression.policy))
+            self.sync = dgc.GradientSync(self.model, compressor, policy=policy, clip_norm=cfg.compression.clip_norm)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(str(exc).splitlines()[0]) from None
+        torch.manual_seed(cfg.seed * 1_000_003 + info.rank)  # data order/augmentation differ per worker
+        if info.world_size > 1:
+            for tensor in self.model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        self.net: torch.nn.Module = self.model
+        if cfg.compression.ddp_hook and info.world_size > 1:
+            self.net = DistributedDataParallel(
+                self.model, device_ids=[info.device] if info.device.type == "cuda" else None
+            )
+            self.net.register_comm_hook(self.sync, dgc.ddp_comm_hook)
+        o = cfg.optim
+        self.base_lr = o.lr * (info.world_size if o.scale_lr else 1)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups: list[dict[str, Any]] = [{"params": params}]
+        if o.no_decay_1d:
+            groups = [
+                {"params": [p for p in params if p.dim() > 1]},
+                {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0},
+            ]
+        self.optimizer = dgc.SGD(
+            groups, self.sync, lr=self.base_lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay
+        )
+        schedule = getattr(compressor, "schedule", None)
+        self.compression_warmup = schedule.warmup_epochs if schedule is not None else 0.0
+        self.steps_per_epoch = self.task.batches_per_epoch() // cfg.train.accumulate
+        if self.steps_per_epoch < 1:
+            raise ConfigError("fewer micro-batches per epoch than train.accumulate: lower it or use more data")
+        total = math.ceil(cfg.train.epochs * self.steps_per_epoch)
+        self.total_steps = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+        # counters (checkpointed)
+        self.step = 0
+        self.epoch = 0
+        self.batch = 0  # micro-batches done in the current epoch
+        self.totals = {"dense": 0, "sent": 0, "steps": 0, "dense_all": 0, "sent_all": 0, "wall": 0.0}
+        self.last_eval: dict[str, float] = {}
+        self.last_eval_step = -1
+        self.files = RunFiles(cfg, info)
+
+    # -- the loop ------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        state = self.files.open()
+        if state is not None:
+            self._restore(state)
+        self.files.start_progress(self.total_steps, self.step)
+        window: list[dict[str, float]] = []
+        started = time.perf_counter() - self.totals["wall"]
+        while self.step < self.total_steps:
+            if self.batch == 0:
+                self.task.start_epoch(self.model, self.epoch)
+            batches = self.task.train_batches(self.epoch, start=self.batch)
+            while (
+                self.step < self.total_steps
+                and self.batch + self.cfg.train.accumulate <= self.steps_per_epoch * self.cfg.train.accumulate
+            ):
+                window.append(self._train_step(batches))
+                self.totals["wall"] = time.perf_counter() - started
+                if self.step % self.cfg.train.log_every == 0 or self.step == self.total_steps:
+                    self.files.log_step(self._summarize(window))
+                    window = []
+                if self.cfg.train.checkpoint_every and self.step % self.cfg.train.checkpoint_every == 0:
+                    self._checkpoint()
+            if self.batch >= self.steps_per_epoch * self.cfg.train.accumulate:
+                self._evaluate(end_of_epoch=True)
+                self.epoch += 1
+                self.batch = 0
+                self._checkpoint()
+        if self.last_eval_step != self.step:
+            self._evaluate(end_of_epoch=False)
+            self._checkpoint()
+        self.totals["wall"] = time.perf_counter() - started
+        summary = self._summary()
+        self.files.finish(summary)
+        return summary
+
+    def _train_step(self, batches) -> dict[str, float]:
+        cfg = self.cfg
+        acc = cfg.train.accumulate
+        epoch_f = self.epoch + self.batch / (self.steps_per_epoch * acc)
+        lr = learning_rate(cfg, self.base_lr, epoch_f)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.sync.set_epoch(epoch_f)
+        t0 = time.perf_counter()
+        loss_sum = 0.0
+        for i in range(acc):
+            batch = next(batches)
+            no_sync = isinstance(self.net, DistributedDataParallel) and i < acc - 1
+            with self.net.no_sync() if no_sync else contextlib.nullcontext(), self._autocast():
+                loss = self.task.loss(self.net, batch) / acc
+            loss.backward()
+            loss_sum += float(loss.detach())
+        if self.net is self.model:
+            stats = self.sync.step()
+        else:
+            stats = self.sync.last
+        exchange_s = stats.compress_s + stats.communicate_s + stats.decompress_s
+        t1 = time.perf_counter()
+        if cfg.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        self.step += 1
+        self.batch += acc
+        after_warmup = epoch_f >= self.compression_warmup
+        self.totals["dense_all"] += stats.dense_bytes
+        self.totals["sent_all"] += stats.sent_bytes
+        if after_warmup:
+            self.totals["dense"] += stats.dense_bytes
+            self.totals["sent"] += stats.sent_bytes
+            self.totals["steps"] += 1
+        self._maybe_die()
+        return {
+            "loss": loss_sum,
+            "lr": lr,
+            "epoch": epoch_f,
+            "density": stats.density,
+            "sent_bytes": stats.sent_bytes,
+            "dense_bytes": stats.dense_bytes,
+            "compute_s": (t1 - t0) - exchange_s + (t2 - t1),
+            "compress_s": stats.compress_s + stats.decompress_s,
+            "communicate_s": stats.communicate_s,
+            "step_s": t2 - t0,
+        }
+
+    def _autocast(self):
+        if self.cfg.train.bf16:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _summarize(self, window: list[dict[str, float]]) -> dict[str, Any]:
+        mean = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
+        last = window[-1]
+        return {
+            "kind": "train",
+            "step": self.step,
+            "epoch": round(last["epoch"], 4),
+            "loss": mean["loss"],
+            "lr": last["lr"],
+            "density": last["density"],
+            "sent_bytes": last["sent_bytes"],
+            "wire_ratio": last["dense_bytes"] / max(last["sent_bytes"], 1),
+            "compute_s": mean["compute_s"],
+            "compress_s": mean["compress_s"],
+            "communicate_s": mean["communicate_s"],
+            "step_s": mean["step_s"],
+        }
+
+    def _evaluate(self, end_of_epoch: bool) -> None:
+        self.last_eval = self.task.evaluate(self.model)
+        self.last_eval_step = self.step
+        record = {"kind": "eval", "step": self.step, "epoch": self.epoch + (1 if end_of_epoch else 0)}
+        record.update(self.last_eval)
+        record["wire_ratio"] = self._wire_ratio()
+        self.files.log_eval(record)
+
+    def _wire_ratio(self) -> float | None:
+        dense, sent = (self.totals["dense"], self.totals["sent"]) if self.totals["steps"] else (0, 0)
+        return dense / sent if sent else None
+
+    def _summary(self) -> dict[str, Any]:
+        steps_counted = self.totals["steps"]
+        return {
+            "task": self.cfg.task.name,
+            "compression": self.cfg.compression.name,
+            "world_size": self.info.world_size,
+            "steps": self.step,
+            "epochs": self.step / self.steps_per_epoch,
+            "metrics": self.last_eval,
+            "wire_ratio": self._wire_ratio(),
+            "bytes_per_step": self.totals["sent"] / steps_counted if steps_counted else None,
+            "dense_bytes_per_step": self.totals["dense"] / steps_counted if steps_counted else None,
+            "wire_ratio_steps": steps_counted,
+            "wire_ratio_all_steps": self.totals["dense_all"] / max(self.totals["sent_all"], 1),
+            "compression_warmup_epochs": self.compression_warmup,
+            "wall_s": self.totals["wall"],
+            "run_dir": str(self.files.run_dir),
+        }
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _checkpoint(self) -> None:
+        local = {"compression": self.sync.state_dict(), "rng": torch.get_rng_state()}
+        if self.info.device.type == "cuda":
+            local["cuda_rng"] = torch.cuda.get_rng_state(self.info.device)
+        per_rank = _gather(local, self.info)
+        if self.info.is_main:
+            state = {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "counters": {"step": self.step, "epoch": self.epoch, "batch": self.batch, "totals": dict(self.totals)},
+                "last_eval": (self.last_eval, self.last_eval_step),
+                "world_size": self.info.world_size,
+                "ranks": per_rank,
+                "config": asdict(self.cfg),
+            }
+            self.files.save_checkpoint(state, self.step)
+        if self.info.world_size > 1:
+            dist.barrier()
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        if state["world_size"] != self.info.world_size:
+            raise ConfigError(
+                f"checkpoint was written by {state['world_size']} workers but this run has {self.info.world_size}: "
+                "compression state (residuals, momenta) is per worker; resume with the same number of workers"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        mine = state["ranks"][self.info.rank]
+        self.sync.load_state_dict(mine["compression"])
+        torch.set_rng_state(mine["rng"])
+        if "cuda_rng" in mine and self.info.device.type == "cuda":
+            torch.cuda.set_rng_state(mine["cuda_rng"], self.info.device)
+        c = state["counters"]
+        self.step, self.epoch, self.batch = c["step"], c["epoch"], c["batch"]
+        self.totals.update(c["totals"])
+        self.last_eval, self.last_eval_step = state["last_eval"]
+
+    def _maybe_die(self) -> None:
+        # test hook: simulate a crash right after the checkpoint of step N (tests/test_train.py)
+        at = os.environ.get("DGC_TEST_KILL_AFTER_STEP")
+        if at and self.step == int(at) + 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _gather(obj: Any, info: DistInfo) -> list[Any]:
+    if info.world_size == 1:
+        return [obj]
+    out = [None] * info.world_size if info.is_main else None
+    dist.gather_object(obj, out, dst=0)
+    return out if out is not None else []

@@ -1,0 +1,97 @@
+"""Image classification (CIFAR-10, ImageNet, Fashion-MNIST): cross-entropy, top-1/top-5 accuracy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from dgc.tasks.base import Task, shard_indices
+from dgc.tasks.images import IMAGE_DATA, DataError
+from dgc.tasks.models import build_model
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from dgc.distributed import all_reduce_sum
+
+
+class ImageClassification(Task):
+    metric = "top1"
+    higher_is_better = True
+
+    def _dataset(self, train: bool) -> Dataset:
+        data = self.cfg.data
+        if data.name not in IMAGE_DATA:
+            raise ValueError(f"unknown image data {data.name!r}; valid: {', '.join(IMAGE_DATA)}")
+        ds = IMAGE_DATA[data.name](data.root, train, data.augment, **data.args)
+        limit = data.limit if train else data.eval_limit
+        if limit is not None:
+            ds = Subset(ds, range(min(limit, len(ds))))
+        return ds
+
+    def check(self) -> None:
+        try:
+            self.train_set = self._dataset(True)
+            self.eval_set = self._dataset(False)
+        except DataError:
+            raise
+        except TypeError as exc:  # unknown data.args
+            raise ValueError(f"data {self.cfg.data.name!r}: {exc}") from None
+        need = self.info.world_size * self.cfg.train.batch_size
+        if len(self.train_set) < need:
+            raise ValueError(
+                f"{len(self.train_set)} training examples are fewer than one batch per worker "
+                f"({self.info.world_size} x {self.cfg.train.batch_size})"
+            )
+
+    def build_model(self) -> nn.Module:
+        return build_model(self.cfg.model.name, **self.cfg.model.args)
+
+    def batches_per_epoch(self) -> int:
+        return len(self.train_set) // (self.info.world_size * self.cfg.train.batch_size)
+
+    def _loader(self, ds: Dataset, indices: torch.Tensor, batch_size: int) -> DataLoader:
+        workers = self.cfg.data.loader_workers
+        return DataLoader(
+            Subset(ds, indices.tolist()),
+            batch_size=batch_size,
+            shuffle=False,
+            num_workers=workers,
+            pin_memory=self.info.device.type == "cuda",
+            persistent_workers=False,
+        )
+
+    def train_batches(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        bs = self.cfg.train.batch_size
+        idx = shard_indices(len(self.train_set), self.info, self.cfg.seed, epoch)
+        idx = idx[start * bs : self.batches_per_epoch() * bs]
+        for x, y in self._loader(self.train_set, idx, bs):
+            yield x.to(self.info.device, non_blocking=True), y.to(self.info.device, non_blocking=True)
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        model.eval()
+        # every worker evaluates its own shard; the tail goes to the last worker's shard
+        n = len(self.eval_set)
+        per = n // self.info.world_size
+        lo = self.info.rank * per
+        hi = n if self.info.rank == self.info.world_size - 1 else lo + per
+        loss_sum = top1 = top5 = count = 0.0
+        for x, y in self._loader(self.eval_set, torch.arange(lo, hi), self.cfg.train.eval_batch_size):
+            x, y = x.to(self.info.device), y.to(self.info.device)
+            logits = model(x)
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            k = min(5, logits.shape[1])
+            best = logits.topk(k, dim=1).indices
+            hit = best == y.unsqueeze(1)
+            top1 += float(hit[:, 0].sum())
+            top5 += float(hit.any(dim=1).sum())
+            count += y.numel()
+        model.train()
+        loss_sum, top1, top5, count = all_reduce_sum([loss_sum, top1, top5, count], self.info.device)
+        count = max(count, 1.0)
+        return {"loss": loss_sum / count, "top1": 100 * top1 / count, "top5": 100 * top5 / count}
