@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Debian packages holding the offline data sets (installed when root with apt)
 DEB_DATA := dataset-fashion-mnist bible-kjv-text bible-kjv espeak-ng pocketsphinx-testdata
 
-.PHONY: help install test test-all lint format bench clean
+.PHONY: help install demo data test test-all lint format bench clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -25,6 +25,13 @@ install: $(PY) ## create .venv, install dgc and its dependencies (and the offlin
 	@$(PIP) install -q -e '.[dev,wandb]' > $(VENV)/pip-install.log 2>&1 || { cat $(VENV)/pip-install.log; exit 1; }
 	@$(PY) -c "import dgc, torch; print('dgc', dgc.__version__, 'torch', torch.__version__)"
 
+demo: install ## the main job: fmnist_resnet20 on 4 CPU workers, dense vs DGC; table and plot in results/demo/
+	$(PY) -m dgc.demo
+
+data: install ## build the offline corpora under data/ (skipped when present): KJV text for kjv_lstm, espeak-ng speech for synth_deepspeech (~2 min)
+	$(PY) -m dgc.tasks.text --root data/kjv
+	$(PY) -m dgc.tasks.synth_speech --root data/synth_speech
+
 test: install ## run the test suite (CPU, gloo; what CI runs)
 	$(PY) -m pytest -q -m "not slow and not gpu"
 
@@ -32,12 +39,12 @@ test-all: install ## every test, including slow and GPU-marked ones
 	$(PY) -m pytest -q
 
 lint: ## ruff check and format check
-	$(VENV)/bin/ruff check dgc tests tasks
-	$(VENV)/bin/ruff format --check dgc tests tasks
+	$(VENV)/bin/ruff check dgc tests tasks launch conf
+	$(VENV)/bin/ruff format --check dgc tests tasks launch conf
 
 format: ## apply ruff fixes and formatting
-	$(VENV)/bin/ruff check --fix dgc tests tasks
-	$(VENV)/bin/ruff format dgc tests tasks
+	$(VENV)/bin/ruff check --fix dgc tests tasks launch conf
+	$(VENV)/bin/ruff format dgc tests tasks launch conf
 
 bench: install ## selection and wire-size benchmarks, JSON under results/bench/
 	$(PY) -m dgc.bench select
@@ -45,3 +52,48 @@ bench: install ## selection and wire-size benchmarks, JSON under results/bench/
 
 clean: ## remove caches (keeps .venv and results/)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info
+
+# -- the paper's tables (dgc/tables.py): runs under results/runs/<table>/<key>/, then results/<table>.{md,csv,png} --
+# Full scale needs a GPU cluster: submitted through Slurm (launch/slurm/*.sbatch, one job per run, then a report job)
+# unless LAUNCHER=local (one torchrun after another on this machine). Data roots (the configs' defaults):
+CIFAR_ROOT ?= data/cifar10
+IMAGENET_ROOT ?= data/imagenet
+PTB_ROOT ?= data/ptb
+LIBRISPEECH_ROOT ?= data/LibriSpeech
+AN4_ROOT ?= data/an4
+LAUNCHER ?= slurm
+# more python -m dgc.sweep options, e.g. SWEEP_ARGS='--sbatch=--partition=gpu --gpus-per-node=8 --skip-done'
+SWEEP_ARGS ?=
+DATA_ROOTS := --data-root cifar10=$(CIFAR_ROOT) --data-root imagenet=$(IMAGENET_ROOT) --data-root ptb=$(PTB_ROOT) \
+	--data-root librispeech=$(LIBRISPEECH_ROOT) --data-root an4=$(AN4_ROOT)
+SWEEP := $(PY) -m dgc.sweep --launcher $(LAUNCHER) $(DATA_ROOTS) $(SWEEP_ARGS)
+CPU_SWEEP := $(PY) -m dgc.sweep --launcher local $(SWEEP_ARGS)
+
+.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech
+
+table2-cifar: install ## Table 2 (GPU cluster): ResNet-110 CIFAR-10 on 4/8/16/32 GPUs, baseline / Gradient Dropping / DGC
+	$(SWEEP) $@
+
+table3-imagenet: install ## Table 3 (GPU cluster): ImageNet AlexNet baseline / TernGrad / DGC, ResNet-50 baseline / DGC
+	$(SWEEP) $@
+
+table4-ptb: install ## Table 4 (GPU cluster): PTB 2 x 1500 LSTM perplexity, baseline / DGC
+	$(SWEEP) $@
+
+table4-librispeech: install ## Table 4 (GPU cluster): LibriSpeech DeepSpeech 7 x 1200 GRU WER, baseline / DGC
+	$(SWEEP) $@
+
+figure-ablation: install ## ablation (GPU cluster): ResNet-110 CIFAR-10 and AN4 with each DGC technique off in turn
+	$(SWEEP) $@
+
+cpu-fmnist: install ## CPU analog of Table 2: fmnist_resnet20, 4 workers, none / topk / dgc (~1 h on 2 cores)
+	$(CPU_SWEEP) $@
+
+cpu-ablation: install ## CPU ablation: fmnist_resnet20 DGC with momentum correction / masking / clipping / warm-up off (~40 min)
+	$(CPU_SWEEP) $@
+
+cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 4 workers, none / dgc
+	$(CPU_SWEEP) $@
+
+cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 4 workers, none / dgc
+	$(CPU_SWEEP) $@

@@ -82,7 +82,9 @@ class CompressionConfig:
     density: float | None = None
     sample_ratio: float | None = None
     lower_bound: float | None = None
+    upper_bound: float | None = None
     max_adaptations: int | None = None
+    reestimate_every: int | None = None
     momentum_correction: bool | None = None
     momentum_masking: bool | None = None
     #: compression warm-up in epochs (the paper: 4 of 164 on CIFAR, 1 of 40 on PTB)

@@ -1,8 +1,9 @@
 """The one place that initializes torch.distributed (torchrun, Slurm's srun, or one process).
 
 * torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``;
-* ``srun`` without torchrun sets ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``;
-  the launch script exports ``MASTER_ADDR``/``MASTER_PORT`` (see ``launch/slurm/``);
+* ``srun`` without torchrun (e.g. Hydra's submitit launcher) sets ``SLURM_PROCID``, ``SLURM_NTASKS``,
+  ``SLURM_LOCALID``; unless exported, ``MASTER_ADDR`` is then the first host of the step's node list
+  (where task 0 runs) and ``MASTER_PORT`` is derived from the job id (:func:`slurm_master_env`);
 * otherwise the run is a single process and no process group is created.
 
 The backend is NCCL when the run uses CUDA and gloo otherwise; with CUDA each rank
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +52,41 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a Slurm node list, without ``scontrol``: ``gpu[07-09,12],cpu1`` -> ``gpu07``,
+    ``rack[1-2]-n[3-4]`` -> ``rack1-n3`` (Slurm sorts the list, so this is where task 0 runs)."""
+    first, depth = "", 0
+    for ch in nodelist.strip():
+        if ch == "," and depth == 0:
+            break
+        depth += (ch == "[") - (ch == "]")
+        first += ch
+    # each bracket group contributes its first element, zero padding kept
+    host = re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], first)
+    if not host or "[" in host or "]" in host:
+        raise ValueError(f"cannot parse the Slurm node list {nodelist!r}")
+    return host
+
+
+#: the rendezvous port of a job started by srun alone: 20000 + job id mod 10000 (below Linux's ephemeral ports)
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000
+
+
+def slurm_master_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``MASTER_ADDR``/``MASTER_PORT`` for processes started by ``srun`` without torchrun, for the
+    ones ``env`` lacks; empty when the ranks do not come from Slurm (torchrun sets ``RANK``)."""
+    if env.get("RANK", "") != "" or env.get("SLURM_PROCID", "") == "":
+        return {}
+    out = {}
+    if env.get("MASTER_ADDR", "") == "":
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        out["MASTER_ADDR"] = first_slurm_host(nodelist) if nodelist else "127.0.0.1"
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if env.get("MASTER_PORT", "") == "" and job:
+        out["MASTER_PORT"] = str(SLURM_PORT_BASE + int(job) % SLURM_PORT_SPAN)
+    return out
+
+
 def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistInfo:
     """Initialize the default process group from the launcher's environment (idempotent)."""
     rank = _env_int("RANK", "SLURM_PROCID") or 0
@@ -62,6 +100,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistInfo:
         return DistInfo(0, 1, 0, dev, None)
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if not dist.is_initialized():
+        os.environ.update(slurm_master_env(os.environ))
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:
             raise RuntimeError("MASTER_PORT is not set: launch with torchrun, or export MASTER_ADDR/MASTER_PORT")

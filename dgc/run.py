@@ -61,11 +61,19 @@ class RunFiles:
             from dgc.trainer import ConfigError
 
             raise ConfigError(f"resume=true but {self.checkpoint_path} does not exist")
-        if not cfg.resume and (self.run_dir / "checkpoint.pt").exists():
+        if not cfg.resume and self.checkpoint_path.exists():
             from dgc.trainer import ConfigError
 
             raise ConfigError(
                 f"{self.run_dir} already holds a run: pass resume=true to continue it, or another run_dir"
+            )
+        if not cfg.resume and (self.run_dir / "metrics.jsonl").exists():
+            from dgc.trainer import ConfigError
+
+            # a run that stopped before its first checkpoint: starting over would append to its log
+            raise ConfigError(
+                f"{self.run_dir} holds the metrics.jsonl of a run that left no checkpoint to resume from: "
+                "remove it or pass another run_dir"
             )
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.main)
         self.progress = None

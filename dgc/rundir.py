@@ -41,6 +41,7 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:
     os.close(fd)
     try:
         torch.save(obj, tmp)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -49,8 +50,13 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:
 
 
 def default_run_dir(task: str, compression: str) -> str:
+    """A fresh ``runs/<task>/<compression>/<time>-<pid>[-N]`` (the jobs of a sweep share time and pid)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return str(Path("runs") / task / compression / f"{stamp}-{os.getpid()}")
+    base = Path("runs") / task / compression / f"{stamp}-{os.getpid()}"
+    path, n = base, 1
+    while path.exists():
+        path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return str(path)
 
 
 class MetricsLog:

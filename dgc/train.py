@@ -72,6 +72,8 @@ def precheck(overrides: list[str]) -> None:
         message = " ".join(str(cause).split("\n")[0].split())
         key = getattr(cause, "full_key", None) or ""
         valid = _valid_keys(key) if key else ""
+        if key and key not in message:
+            message = f"{key}: {message}"
         _fail(f"{message}" + (f" (valid keys: {valid})" if valid and "not in" in message else ""))
 
 

@@ -148,7 +148,10 @@ class Trainer:
                 if self.step % self.cfg.train.log_every == 0 or self.step == self.total_steps:
                     self.files.log_step(self._summarize(window))
                     window = []
-                if self.cfg.train.checkpoint_every and self.step % self.cfg.train.checkpoint_every == 0:
+                # at the end of an epoch or of the run, the checkpoint comes after the evaluation (below):
+                # one taken before it would, on resume, evaluate and log that step a second time
+                ends = self.step == self.total_steps or self.batch >= self.steps_per_epoch * self.cfg.train.accumulate
+                if self.cfg.train.checkpoint_every and self.step % self.cfg.train.checkpoint_every == 0 and not ends:
                     self._checkpoint()
             if self.batch >= self.steps_per_epoch * self.cfg.train.accumulate:
                 self._evaluate(end_of_epoch=True)
@@ -186,7 +189,10 @@ class Trainer:
             stats = self.sync.last
         exchange_s = stats.compress_s + stats.communicate_s + stats.decompress_s
         t1 = time.perf_counter()
-        if cfg.optim.grad_clip:
+        # clipping after aggregation is the dense baseline's; with local clipping on (DGC), each worker
+        # already clipped its own gradient before accumulating it, and the aggregated sparse update
+        # (many steps' accumulated gradient) must not be clipped again (paper, section 3.2)
+        if cfg.optim.grad_clip and cfg.compression.clip_norm is None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -270,7 +276,9 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------
     def _checkpoint(self) -> None:
-        local = {"compression": self.sync.state_dict(), "rng": torch.get_rng_state()}
+        local = {"compression": self.sync.state_dict(), "rng": torch.get_rng_state(), "task": self.task.state_dict()}
+        if self.info.world_size > 1:  # each worker's own BatchNorm statistics (the model holds rank 0's)
+            local["buffers"] = {n: b.detach().cpu().clone() for n, b in self.model.named_buffers()}
         if self.info.device.type == "cuda":
             local["cuda_rng"] = torch.cuda.get_rng_state(self.info.device)
         per_rank = _gather(local, self.info)
@@ -298,7 +306,12 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         mine = state["ranks"][self.info.rank]
         self.sync.load_state_dict(mine["compression"])
+        self.task.load_state_dict(mine.get("task") or {})
         torch.set_rng_state(mine["rng"])
+        if "buffers" in mine:
+            with torch.no_grad():
+                for name, buf in self.model.named_buffers():
+                    buf.copy_(mine["buffers"][name])
         if "cuda_rng" in mine and self.info.device.type == "cuda":
             torch.cuda.set_rng_state(mine["cuda_rng"], self.info.device)
         c = state["counters"]

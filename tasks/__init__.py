@@ -15,6 +15,8 @@ from dgc.distributed import DistInfo
 #: task family -> "module:class", imported on use
 TASK_KINDS = {
     "image": "dgc.tasks.image:ImageClassification",
+    "language": "dgc.tasks.language:LanguageModeling",
+    "speech": "dgc.tasks.speech:SpeechRecognition",
 }
 
 

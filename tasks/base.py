@@ -50,6 +50,13 @@ class Task:
         """Metrics on the evaluation set, averaged over all workers' shards."""
         raise NotImplementedError
 
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's task state carried across batches (e.g. recurrent hidden state), checkpointed per rank."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` when a run resumes."""
+
 
 def shard_indices(num_items: int, info: DistInfo, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
     """This worker's example indices for ``epoch``: one permutation shared by all workers, split by rank.

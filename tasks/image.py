@@ -15,6 +15,33 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from dgc.distributed import all_reduce_sum
 
 
+def _mix(*values: int) -> int:
+    out = 0
+    for v in values:
+        out = (out * 1_000_003 + v) % (2**63)
+    return out
+
+
+class _Seeded(Dataset):
+    """``ds[indices[i]]`` with its random augmentation drawn from a seed of its own: (seed, epoch, example).
+
+    The augmentation of an example depends on nothing else, so a run resumed in the middle of
+    an epoch sees exactly the images an uninterrupted one sees, with any number of loader workers.
+    """
+
+    def __init__(self, ds: Dataset, indices: list[int], seed: int):
+        self.ds, self.indices, self.seed = ds, indices, seed
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        j = self.indices[i]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_mix(self.seed, j))
+            return self.ds[j]
+
+
 class ImageClassification(Task):
     metric = "top1"
     higher_is_better = True
@@ -50,22 +77,26 @@ class ImageClassification(Task):
     def batches_per_epoch(self) -> int:
         return len(self.train_set) // (self.info.world_size * self.cfg.train.batch_size)
 
-    def _loader(self, ds: Dataset, indices: torch.Tensor, batch_size: int) -> DataLoader:
+    def _loader(self, ds: Dataset, indices: torch.Tensor, batch_size: int, epoch: int = -1) -> DataLoader:
         workers = self.cfg.data.loader_workers
+        # the loader's own generator: starting an iterator draws a seed, which must not come from
+        # the global RNG (a resumed run starts its iterator at another point of that stream)
+        gen = torch.Generator().manual_seed(_mix(self.cfg.seed, epoch))
         return DataLoader(
-            Subset(ds, indices.tolist()),
+            _Seeded(ds, indices.tolist(), _mix(self.cfg.seed, epoch)),
             batch_size=batch_size,
             shuffle=False,
             num_workers=workers,
             pin_memory=self.info.device.type == "cuda",
             persistent_workers=False,
+            generator=gen,
         )
 
     def train_batches(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         bs = self.cfg.train.batch_size
         idx = shard_indices(len(self.train_set), self.info, self.cfg.seed, epoch)
         idx = idx[start * bs : self.batches_per_epoch() * bs]
-        for x, y in self._loader(self.train_set, idx, bs):
+        for x, y in self._loader(self.train_set, idx, bs, epoch):
             yield x.to(self.info.device, non_blocking=True), y.to(self.info.device, non_blocking=True)
 
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,14 @@ class _LocalCIFAR10(torchvision.datasets.CIFAR10):
     def _check_integrity(self) -> bool:
         base = Path(self.root) / self.base_folder
         return all((base / name).is_file() for name, _ in self.train_list + self.test_list)
+
+    def _load_meta(self) -> None:  # torchvision's checks the md5 of batches.meta
+        path = Path(self.root) / self.base_folder / self.meta["filename"]
+        if not path.is_file():
+            raise RuntimeError(f"{path.name} not found")
+        with open(path, "rb") as f:
+            self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
 
 def cifar10(root: str, train: bool, augment: bool) -> Dataset:

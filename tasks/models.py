@@ -4,7 +4,9 @@
   three stages of 16/32/64 channels, parameter-free shortcuts (option A: stride-2
   subsampling and zero-padded channels);
 * ``torchvision``: any torchvision classification model by ``arch`` (ResNet-50, AlexNet, ...),
-  randomly initialized (no download).
+  randomly initialized (no download);
+* ``lstm_lm``, ``deepspeech``: the word language model and the DeepSpeech acoustic model of the
+  language and speech tasks (:mod:`dgc.tasks.rnn_models`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import torchvision
+from dgc.tasks.rnn_models import deepspeech, lstm_lm
 from torch import nn
 
 
@@ -82,6 +85,8 @@ def torchvision_model(arch: str = "resnet50", num_classes: int = 1000, zero_init
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet_cifar": resnet_cifar,
     "torchvision": torchvision_model,
+    "lstm_lm": lstm_lm,
+    "deepspeech": deepspeech,
 }
 
 

@@ -59,7 +59,7 @@ def test_wire_all_compressors_small_model(tmp_path: Path) -> None:
     assert COMMON_KEYS <= r.keys() and r["bench"] == "wire"
     assert r["model"] == "squeezenet1_1" and r["density"] == 0.01
     assert r["numel"] == r["numel_dim_gt1"] + r["numel_rest"] > 0
-    names = ["none", "fp16", "topk", "dgc", "dgc_int32", "dgc_fp16", "terngrad", "powersgd"]
+    names = ["none", "fp16", "topk", "dgc", "dgc_int32", "dgc_fp16", "dgc_rice", "dgc_compact", "terngrad", "powersgd"]
     assert list(r["compressors"]) == names
     for name, row in r["compressors"].items():
         assert row["dense_bytes"] == 4 * r["numel"], name
@@ -69,7 +69,9 @@ def test_wire_all_compressors_small_model(tmp_path: Path) -> None:
     assert c["dgc"]["options"] == {"density": 0.01} and c["topk"]["options"] == {"density": 0.01}
     assert c["dgc_int32"]["options"] == {"density": 0.01, "wire_indices": "int32"}
     assert c["dgc_int32"]["sent_bytes"] > c["dgc"]["sent_bytes"] > c["dgc_fp16"]["sent_bytes"]
+    assert c["dgc"]["sent_bytes"] > c["dgc_rice"]["sent_bytes"]
     assert c["dgc"]["compressed_numel"] == r["numel_dim_gt1"]
+    assert c["dgc_compact"]["policy"] == {"min_ndim": 1} and c["dgc_compact"]["compressed_numel"] == r["numel"]
 
 
 @pytest.mark.parametrize(
@@ -80,7 +82,7 @@ def test_wire_all_compressors_small_model(tmp_path: Path) -> None:
         (["select", "--device", "tpu"], "'cpu', 'cuda'"),
         (["wire", "--model", "nosuchmodel"], "resnet50"),
         (["wire", "--compressors", "dgc,zip"], "powersgd"),
-        (["frobnicate"], "'select', 'wire'"),
+        (["frobnicate"], "'select', 'wire', 'cluster'"),
     ],
 )
 def test_bad_arguments(tmp_path: Path, args: list[str], expect: str) -> None:
@@ -115,12 +117,15 @@ def test_help() -> None:
 def test_wire_resnet50_claim(tmp_path: Path) -> None:
     """The paper's setting: DGC at density 0.001 on ResNet-50 sends at least 270x fewer bytes."""
     out = tmp_path / "wire.json"
-    r = ok(bench("wire", "--model", "resnet50", "--compressors", "dgc,dgc_int32", "--out", str(out)), out)
+    r = ok(bench("wire", "--model", "resnet50", "--compressors", "dgc,dgc_int32,dgc_compact", "--out", str(out)), out)
     assert r["numel"] == RESNET50_NUMEL
     dgc, int32 = r["compressors"]["dgc"], r["compressors"]["dgc_int32"]
     assert dgc["dense_bytes"] == RESNET50_NUMEL * 4
     assert dgc["wire_ratio"] >= 270
     assert 235 <= int32["wire_ratio"] < dgc["wire_ratio"]
+    # the compact format (fp16 values, Rice-coded gaps, every tensor sparse) beats 4 bytes per value
+    compact = r["compressors"]["dgc_compact"]
+    assert compact["wire_ratio"] >= 1000
 
 
 def test_out_is_a_folder(tmp_path: Path) -> None:

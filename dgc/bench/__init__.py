@@ -1,12 +1,14 @@
-"""Benchmarks: ``python -m dgc.bench {select,wire}``.
+"""Benchmarks: ``python -m dgc.bench {select,wire,cluster}``.
 
 * ``select``: DGC's compression step on one large tensor against exact top-k and
   one plain memory pass, interleaved in one run (:mod:`dgc.bench.select`);
 * ``wire``: bytes per step of every compressor on a torchvision model's
-  gradient shapes, in a single process (:mod:`dgc.bench.wire`).
+  gradient shapes, in a single process (:mod:`dgc.bench.wire`);
+* ``cluster``: exchange time of every method (or real training steps, ``--e2e``) on an
+  emulated cluster of network namespaces with shaped links; needs root (:mod:`dgc.bench.cluster`).
 
 Each prints one JSON object on stdout and writes the same text, atomically, to
-``results/bench/<name>.json`` (``--out`` overrides). Progress goes to stderr.
+``results/bench/<name>.json`` (``--out`` overrides; ``cluster`` also writes a plot next to it). Progress goes to stderr.
 Bad arguments exit with status 2 and a one-line message.
 """
 
@@ -16,10 +18,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dgc.bench import select, wire
+from dgc.bench import cluster, select, wire
 from dgc.bench.common import BenchError, OneLineParser
 
-COMMANDS = {"select": select, "wire": wire}
+COMMANDS = {"select": select, "wire": wire, "cluster": cluster}
 
 
 def build_parser() -> OneLineParser:
@@ -36,7 +38,7 @@ def build_parser() -> OneLineParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if Path(args.out).is_dir():
+    if args.out and Path(args.out).is_dir():
         parser.error(f"argument --out: {args.out!r} is a folder; give a file path")
     try:
         COMMANDS[args.command].run(args)

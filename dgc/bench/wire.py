@@ -3,8 +3,10 @@
 The model (any torchvision classification model, built with ``weights=None``, so
 nothing is downloaded) gives the real parameter shapes. For every compressor in
 :data:`dgc.COMPRESSORS`, plus the variants ``dgc_int32`` (int32 indices),
-``dgc_fp16`` (fp16 values) and ``topk`` at the same density, a
-:class:`dgc.GradientSync` with the default policy and a :class:`dgc.SGD`
+``dgc_fp16`` (fp16 values), ``dgc_rice`` (Rice-coded index gaps) and
+``dgc_compact`` (fp16 values, Rice-coded gaps and every tensor sparse: policy
+``min_ndim=1``), and ``topk`` at the same density, a
+:class:`dgc.GradientSync` with the default policy (unless the variant says) and a :class:`dgc.SGD`
 (lr 0.1, momentum 0.9) run ``--steps`` steps in this single process: no process
 group, world size 1, but the compressors still encode and decode their messages
 and the communicator counts the bytes each would put into the collectives. The
@@ -39,21 +41,25 @@ from dgc.bench.common import (
 )
 from dgc.compressors import compressor_options
 
-#: extra configurations: name -> (compressor, options besides the density)
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "dgc_int32": ("dgc", {"wire_indices": "int32"}),
-    "dgc_fp16": ("dgc", {"wire_values": "fp16"}),
+#: extra configurations: name -> (compressor, options besides the density, policy options)
+VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "dgc_int32": ("dgc", {"wire_indices": "int32"}, {}),
+    "dgc_fp16": ("dgc", {"wire_values": "fp16"}, {}),
+    "dgc_rice": ("dgc", {"wire_indices": "rice"}, {}),
+    # the compact configuration: fp16 values, Rice-coded gaps, and every tensor sparse
+    # (BatchNorm and bias values sent dense would cost more than all the sparse ones)
+    "dgc_compact": ("dgc", {"wire_values": "fp16", "wire_indices": "rice"}, {"min_ndim": 1}),
 }
 
 
-def configurations() -> dict[str, tuple[str, dict[str, Any]]]:
+def configurations() -> dict[str, tuple[str, dict[str, Any], dict[str, Any]]]:
     """Every configuration measured, in output order: the registry, each variant after its base."""
-    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    out: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {}
     for name in dgc.COMPRESSORS:
-        out[name] = (name, {})
-        for vname, (base, opts) in VARIANTS.items():
+        out[name] = (name, {}, {})
+        for vname, (base, opts, policy) in VARIANTS.items():
             if base == name:
-                out[vname] = (base, dict(opts))
+                out[vname] = (base, dict(opts), dict(policy))
     return out
 
 
@@ -134,12 +140,12 @@ def model_numel(model: torch.nn.Module) -> dict[str, int]:
     }
 
 
-def build(name: str, density: float) -> tuple[dgc.compressors.Compressor, dict[str, Any]]:
-    """The compressor of configuration ``name`` and the options it was built with."""
-    base, opts = configurations()[name]
+def build(name: str, density: float) -> tuple[dgc.compressors.Compressor, dict[str, Any], dict[str, Any]]:
+    """The compressor of configuration ``name``, the options it was built with and its policy options."""
+    base, opts, policy = configurations()[name]
     if "density" in compressor_options(base):
         opts = {"density": density, **opts}
-    return dgc.build_compressor(base, **opts), opts
+    return dgc.build_compressor(base, **opts), opts, policy
 
 
 def fill_grads(params: list[torch.nn.Parameter], gen: torch.Generator) -> None:
@@ -149,8 +155,8 @@ def fill_grads(params: list[torch.nn.Parameter], gen: torch.Generator) -> None:
 
 def measure(model: torch.nn.Module, name: str, density: float, seed: int = 0, steps: int = 3) -> dict[str, Any]:
     """Run ``steps`` exchanges of configuration ``name``; the last step's numbers."""
-    comp, opts = build(name, density)
-    sync = dgc.GradientSync(model, comp)
+    comp, opts, policy = build(name, density)
+    sync = dgc.GradientSync(model, comp, policy=dgc.Policy(**policy))
     dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)  # gives dgc its momentum
     params = [p for _, p in sync.params]
     gen = torch.Generator().manual_seed(seed)
@@ -164,6 +170,7 @@ def measure(model: torch.nn.Module, name: str, density: float, seed: int = 0, st
     return {
         "compressor": comp.name,
         "options": opts,
+        "policy": policy,
         "dense_bytes": stats.dense_bytes,
         "sent_bytes": stats.sent_bytes,
         "recv_bytes": stats.recv_bytes,

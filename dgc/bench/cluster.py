@@ -1,0 +1,536 @@
+"""``python -m dgc.bench cluster``: gradient exchange on an emulated bandwidth-limited cluster.
+
+Needs root. The command re-runs itself, one rank per node, under ``launch/netcluster.py``
+(network namespaces joined by a bridge, every link shaped to ``--rate`` in both directions with
+a token bucket; see that script), and rank 0 collects the measurements of all ranks.
+
+Exchange mode (default): real parameter shapes (``--model``: torchvision ``resnet50`` or
+``alexnet`` with ``weights=None``; ``lstm``, the PTB language model of Zaremba et al. (2 LSTM
+layers of 1500 units, 10k vocabulary, embedding tied to the decoder); ``tiny``, a small MLP for
+tests) and seeded random gradients, a fresh one every step and the same for every method (each
+rank draws its own). Every method has its own :class:`dgc.GradientSync` (default policy: tensors
+with dim > 1 compressed, the rest averaged dense in fp32) and a :class:`dgc.SGD` (momentum 0.9;
+DGC keeps the momentum). Per step, the methods run one after another in an order rotated every
+step, each after a barrier; a step's ``exchange_s`` is the wall time of ``sync.step()``
+(compress, communicate, decompress), the slowest rank's. ``--warmup`` steps per method are not
+timed (first-call costs; DGC's residuals fill up), then medians over ``--steps`` steps.
+DGC runs at its final density (0.001) from the first step: the measurement is "after warm-up".
+
+Reported per method: ``exchange_s``, ``compress_s``, ``communicate_s`` and ``decompress_s``
+(medians over steps of the slowest rank; ``communicate_s`` includes waiting for slower ranks
+inside the collectives), ``sent_bytes`` per rank and step (rank 0, last step), ``wire_ratio``,
+``speedup_vs_none`` and ``speedup_vs_fp16`` (ratios of median exchange times in this run).
+
+End-to-end mode (``--e2e``): real training steps through the trainer (:class:`dgc.trainer.Trainer`,
+the code ``python -m dgc.train`` runs) on Fashion-MNIST with ``fmnist_wide``, an AlexNet-shaped
+net for 28x28 grey images (two 5x5 convolutions, then 6272-2048-2048-10 fully connected: 17.3M
+parameters, 69 MB of fp32 gradient, whose compute per step is small next to a dense exchange on
+1 Gbps). One trainer per method, stepped alternately, each step after a barrier. ``local`` is
+the no-communication reference: the same job on the same ranks (compression ``none``) with the
+exchange skipped entirely (``sync.step()`` does nothing: each rank steps with its own gradient),
+i.e. the same per-worker compute and nothing else.
+Reported per method: medians of the slowest rank's ``step_s``, ``compute_s``, ``compress_s``,
+``communicate_s`` (the trainer's own split, as in ``metrics.jsonl``) and ``step_over_local``.
+
+With N ranks on fewer cores, ranks compete for the CPU: compression and compute are slower than
+on a machine per rank, and slowest-rank timings include that contention (recorded: cores, load
+average before and after).
+
+Output: one JSON (``results/bench/cluster.json``, ``cluster_e2e.json`` with ``--e2e``) and a
+plot next to it (``.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dgc.bench.common import BenchError, emit, int_arg, log, positive_int_arg, run_info, write_json_atomic
+
+NETCLUSTER = Path(__file__).resolve().parents[2] / "launch" / "netcluster.py"
+MODELS = ("resnet50", "alexnet", "lstm", "tiny")
+DEFAULT_METHODS = "none,fp16,powersgd,topk,dgc"
+DEFAULT_E2E_METHODS = "local,none,fp16,powersgd,dgc"
+
+
+@dataclass(frozen=True)
+class Method:
+    compressor: str
+    options: dict[str, Any] = field(default_factory=dict)
+    policy: dict[str, Any] = field(default_factory=dict)
+
+
+#: exchange methods by name
+METHODS: dict[str, Method] = {
+    "none": Method("none"),
+    "fp16": Method("fp16"),
+    "powersgd": Method("powersgd", {"rank": 4}),
+    "topk": Method("topk", {"density": 0.001}),
+    "dgc": Method("dgc", {"density": 0.001}),
+    "dgc_fp16": Method("dgc", {"density": 0.001, "wire_values": "fp16"}),
+    "dgc_compact": Method("dgc", {"density": 0.001, "wire_values": "fp16", "wire_indices": "rice"}, {"min_ndim": 1}),
+}
+#: end-to-end methods: "local" is the no-communication reference
+E2E_METHODS = ("local", *METHODS)
+
+
+# -- models ---------------------------------------------------------------------------------
+class LSTMLanguageModel(nn.Module):
+    """Zaremba et al.'s large PTB model: 2 x 1500 LSTM, 10k vocabulary, tied embedding/decoder."""
+
+    def __init__(self, vocab: int = 10_000, hidden: int = 1500, layers: int = 2):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, layers)
+        self.decoder = nn.Linear(hidden, vocab)
+        self.decoder.weight = self.embedding.weight  # tied: one parameter, counted once
+
+
+class FmnistWide(nn.Module):
+    """AlexNet-shaped net for 28x28 grey images: a little convolution, wide fully connected layers."""
+
+    def __init__(self, num_classes: int = 10, width: int = 2048):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 64, 5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(128 * 7 * 7, width),
+            nn.ReLU(inplace=True),
+            nn.Linear(width, width),
+            nn.ReLU(inplace=True),
+            nn.Linear(width, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def build_shapes(name: str, seed: int = 0) -> nn.Module:
+    """A module holding the parameters (shapes) of model ``name``."""
+    torch.manual_seed(seed)
+    if name in ("resnet50", "alexnet"):
+        import torchvision
+
+        return torchvision.models.get_model(name, weights=None)
+    if name == "lstm":
+        return LSTMLanguageModel()
+    if name == "tiny":
+        return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    raise BenchError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
+
+
+# -- arguments ------------------------------------------------------------------------------
+def _methods_arg(valid: tuple[str, ...]):  # noqa: ANN202
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in valid]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown method {', '.join(unknown) or text!r}; valid: {','.join(valid)}")
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+def nodes_arg(text: str) -> int:
+    value = positive_int_arg(text)
+    if value > 64:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, 64], got {text!r}")
+    return value
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "cluster",
+        help="gradient exchange (or training steps, --e2e) on an emulated cluster with shaped links (root)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--nodes", type=nodes_arg, default=4, help="ranks, one per namespace (default: 4)")
+    p.add_argument("--rate", default="1gbit", help="link rate per direction, tc syntax (default: 1gbit)")
+    p.add_argument("--model", choices=MODELS, default="resnet50", help="parameter shapes (default: resnet50)")
+    p.add_argument("--steps", type=positive_int_arg, default=5, help="timed steps per method; medians (default: 5)")
+    p.add_argument("--warmup", type=int_arg, default=2, help="untimed steps per method first (default: 2)")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help=f"comma-separated, of {','.join(METHODS)} (default: {DEFAULT_METHODS}; "
+        f"with --e2e also local, default {DEFAULT_E2E_METHODS})",
+    )
+    p.add_argument("--e2e", action="store_true", help="time real training steps through the trainer instead")
+    p.add_argument("--batch-size", type=positive_int_arg, default=32, help="--e2e: batch per worker (default: 32)")
+    p.add_argument("--threads", type=positive_int_arg, default=1, help="threads per rank (default: 1)")
+    p.add_argument("--seed", type=int_arg, default=0, help="seed of shapes and gradients (default: 0)")
+    p.add_argument("--out", default=None, help="JSON output (default: results/bench/cluster.json or cluster_e2e.json)")
+    p.add_argument("--no-plot", action="store_true", help="do not write the plot")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def resolve_methods(args: argparse.Namespace) -> list[str]:
+    valid = E2E_METHODS if args.e2e else tuple(METHODS)
+    text = args.methods or (DEFAULT_E2E_METHODS if args.e2e else DEFAULT_METHODS)
+    try:
+        return _methods_arg(valid)(text)
+    except argparse.ArgumentTypeError as e:
+        raise BenchError(f"--methods: {e}") from None
+
+
+def default_out(args: argparse.Namespace) -> str:
+    return args.out or ("results/bench/cluster_e2e.json" if args.e2e else "results/bench/cluster.json")
+
+
+# -- the launcher side ----------------------------------------------------------------------
+def worker_argv(args: argparse.Namespace, methods: list[str], raw: Path) -> list[str]:
+    argv = [
+        sys.executable, "-m", "dgc.bench", "cluster",
+        "--nodes", str(args.nodes), "--rate", args.rate, "--model", args.model,
+        "--steps", str(args.steps), "--warmup", str(args.warmup), "--methods", ",".join(methods),
+        "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--seed", str(args.seed),
+        "--worker", "--worker-out", str(raw),
+    ]  # fmt: skip
+    return argv + (["--e2e"] if args.e2e else [])
+
+
+def launch(args: argparse.Namespace) -> dict[str, Any]:
+    methods = resolve_methods(args)
+    if os.geteuid() != 0:
+        raise BenchError("cluster needs root (it builds network namespaces with launch/netcluster.py); run it as root")
+    if not NETCLUSTER.is_file():
+        raise BenchError(f"{NETCLUSTER} not found: the cluster bench runs from a source checkout")
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dgc-cluster-") as tmp:
+        raw = Path(tmp) / "result.json"
+        cmd = [
+            sys.executable, str(NETCLUSTER), "--nodes", str(args.nodes), "--rate", args.rate,
+            "--threads", str(args.threads), "--", *worker_argv(args, methods, raw),
+        ]  # fmt: skip
+        log(f"cluster: {' '.join(cmd[1:6])} ... ({len(methods)} methods, model {args.model})")
+        try:
+            stdout_fd = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):
+            stdout_fd = None
+        proc = subprocess.run(cmd, stdout=stdout_fd, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise BenchError(f"the cluster run failed (exit status {proc.returncode}); see the messages above")
+        if not raw.is_file():
+            raise BenchError("the cluster run wrote no result")
+        result = json.loads(raw.read_text())
+    info = run_info("cluster", "cpu")
+    info["threads"] = args.threads
+    result = {
+        **info,
+        **result,
+        "wall_s": time.perf_counter() - started,
+        "loadavg_before": list(load_before),
+        "loadavg_after": list(os.getloadavg()),
+    }
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.worker:
+        worker(args)
+        return None
+    result = launch(args)
+    out = default_out(args)
+    emit(result, out)
+    if not args.no_plot:
+        try:
+            path = plot(result, Path(out).with_suffix(".png"))
+            log(f"wrote {path}")
+        except Exception as e:  # noqa: BLE001 - the JSON is the result; a plot failure is reported only
+            log(f"cluster: no plot ({type(e).__name__}: {e})")
+    return result
+
+
+# -- the rank side --------------------------------------------------------------------------
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _summarize(per_rank: list[dict[str, list[dict[str, float]]]], methods: list[str], keys: list[str]) -> dict:
+    """Per method: medians over steps of the slowest rank's value of every key."""
+    out: dict[str, Any] = {}
+    steps = len(per_rank[0][methods[0]])
+    for m in methods:
+        row: dict[str, Any] = {}
+        for key in keys:
+            worst = [max(rank[m][s][key] for rank in per_rank) for s in range(steps)]
+            row[key] = _median(worst)
+            row[f"{key}_runs"] = worst
+        out[m] = row
+    return out
+
+
+def worker(args: argparse.Namespace) -> None:
+    from dgc.distributed import init_distributed, shutdown
+
+    info = init_distributed("cpu")
+    torch.set_num_threads(args.threads)
+    methods = resolve_methods(args)
+    try:
+        result = run_e2e(args, methods, info) if args.e2e else run_exchange(args, methods, info)
+    except BaseException:
+        shutdown(clean=False)
+        raise
+    if info.is_main and args.worker_out:
+        write_json_atomic(args.worker_out, json.dumps(result, indent=2, allow_nan=False))
+    shutdown()
+
+
+def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any]:  # noqa: ANN001
+    import torch.distributed as dist
+
+    import dgc
+
+    model = build_shapes(args.model, args.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(p.numel() for p in params)
+    grad_buf = torch.zeros(total)
+    start = 0
+    for p in params:  # every gradient is a view of one buffer, refilled with one copy
+        p.grad = grad_buf[start : start + p.numel()].view_as(p)
+        start += p.numel()
+    syncs = {}
+    for name in methods:
+        spec = METHODS[name]
+        comp = dgc.build_compressor(spec.compressor, **spec.options)
+        sync = dgc.GradientSync(model, comp, policy=dgc.Policy(**spec.policy))
+        dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)  # gives DGC its momentum
+        syncs[name] = sync
+    gen = torch.Generator().manual_seed(args.seed * 1_000_003 + info.rank)
+    fresh = torch.empty(total)
+    records: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
+    last: dict[str, Any] = {}
+    if info.is_main:
+        log(f"cluster: {args.model} {total} values, {info.world_size} ranks at {args.rate}, methods {methods}")
+    for step in range(args.warmup + args.steps):
+        torch.randn(total, generator=gen, out=fresh)
+        order = methods[step % len(methods) :] + methods[: step % len(methods)]
+        for name in order:
+            grad_buf.copy_(fresh)
+            dist.barrier()
+            t0 = time.perf_counter()
+            stats = syncs[name].step()
+            wall = time.perf_counter() - t0
+            if step >= args.warmup:
+                records[name].append(
+                    {
+                        "exchange_s": wall,
+                        "compress_s": stats.compress_s,
+                        "communicate_s": stats.communicate_s,
+                        "decompress_s": stats.decompress_s,
+                    }
+                )
+            last[name] = stats
+        if info.is_main:
+            log(f"  step {step + 1}/{args.warmup + args.steps}" + (" (warm-up)" if step < args.warmup else ""))
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, {"records": records, "sent": {m: last[m].sent_bytes for m in methods}})
+    per_rank = [g["records"] for g in gathered]
+    summary = _summarize(per_rank, methods, ["exchange_s", "compress_s", "communicate_s", "decompress_s"])
+    base = summary.get("none", {}).get("exchange_s")
+    half = summary.get("fp16", {}).get("exchange_s")
+    for name in methods:
+        stats = last[name]
+        row = summary[name]
+        row.update(
+            compressor=METHODS[name].compressor,
+            options=METHODS[name].options,
+            policy=METHODS[name].policy,
+            sent_bytes=stats.sent_bytes,
+            sent_bytes_max_rank=max(g["sent"][name] for g in gathered),
+            recv_bytes=stats.recv_bytes,
+            dense_bytes=stats.dense_bytes,
+            wire_ratio=stats.dense_bytes / stats.sent_bytes if stats.sent_bytes else None,
+            collectives=stats.collectives,
+            values_sent=stats.values_sent,
+            compressed_numel=stats.compressed_numel,
+            speedup_vs_none=base / row["exchange_s"] if base else None,
+            speedup_vs_fp16=half / row["exchange_s"] if half else None,
+        )
+    return {
+        "mode": "exchange",
+        "model": args.model,
+        "numel": total,
+        "tensors": len(params),
+        "nodes": info.world_size,
+        "rate": args.rate,
+        "threads_per_rank": args.threads,
+        "cores": os.cpu_count(),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "methods": summary,
+    }
+
+
+# -- end to end -----------------------------------------------------------------------------
+def e2e_config(method: str, batch_size: int, seed: int, run_dir: str):  # noqa: ANN201
+    from dgc.config import CompressionConfig, Config, DataConfig, ModelConfig, OptimConfig, TaskConfig, TrainConfig
+
+    spec = METHODS["none" if method == "local" else method]
+    comp = CompressionConfig(name=spec.compressor, **spec.options)
+    for key, value in spec.policy.items():
+        setattr(comp.policy, key, value)
+    return Config(
+        task=TaskConfig(name="fmnist_wide", kind="image"),
+        model=ModelConfig(name="bench_fmnist_wide", args={}),
+        data=DataConfig(name="fmnist", root="/usr/share/datasets/fashion-mnist", augment=False),
+        optim=OptimConfig(lr=0.01, momentum=0.9, weight_decay=1e-4, schedule="constant"),
+        compression=comp,
+        train=TrainConfig(epochs=1.0, batch_size=batch_size, log_every=1, progress=False),
+        run_dir=run_dir,
+        seed=seed,
+        device="cpu",
+    )
+
+
+def skip_exchange(sync) -> None:  # noqa: ANN001 - a dgc.GradientSync
+    """Make ``sync.step()`` do nothing: each rank keeps its own gradient (the no-communication reference)."""
+    from dgc.sync import StepStats
+
+    dense = sum(p.numel() for _, p in sync.params) * 4
+
+    def step() -> StepStats:
+        sync.steps += 1
+        sync.last = StepStats(sync.steps, 0.0, 1.0, dense_bytes=dense, sent_bytes=0, recv_bytes=0, collectives=0)
+        return sync.last
+
+    sync.step = step
+
+
+def run_e2e(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any]:  # noqa: ANN001
+    import torch.distributed as dist
+
+    from dgc.tasks.models import MODELS as TASK_MODELS
+    from dgc.tasks.models import register_model
+    from dgc.trainer import Trainer
+
+    if "bench_fmnist_wide" not in TASK_MODELS:
+        register_model("bench_fmnist_wide", FmnistWide)
+    trainers, batches = {}, {}
+    with tempfile.TemporaryDirectory(prefix="dgc-e2e-") as tmp:  # never written: the runs are not opened
+        for name in methods:
+            trainer = Trainer(e2e_config(name, args.batch_size, args.seed, os.path.join(tmp, name)), info)
+            if name == "local":
+                skip_exchange(trainer.sync)
+            trainers[name] = trainer
+            batches[name] = trainer.task.train_batches(0)
+    numel = sum(p.numel() for p in trainers[methods[0]].model.parameters())
+    if info.is_main:
+        log(f"cluster e2e: fmnist_wide {numel} parameters, batch {args.batch_size} per rank, methods {methods}")
+    records: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
+    sent: dict[str, int] = {}
+    for step in range(args.warmup + args.steps):
+        order = methods[step % len(methods) :] + methods[: step % len(methods)]
+        for name in order:
+            dist.barrier()
+            row = trainers[name]._train_step(batches[name])
+            sent[name] = int(row["sent_bytes"])
+            if step >= args.warmup:
+                records[name].append({k: float(row[k]) for k in ("step_s", "compute_s", "compress_s", "communicate_s")})
+        if info.is_main:
+            log(f"  step {step + 1}/{args.warmup + args.steps}" + (" (warm-up)" if step < args.warmup else ""))
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, records)
+    summary = _summarize(gathered, methods, ["step_s", "compute_s", "compress_s", "communicate_s"])
+    local = summary.get("local", {}).get("step_s")
+    for name in methods:
+        row = summary[name]
+        row["sent_bytes"] = sent[name] if name != "local" else 0
+        row["dense_bytes"] = numel * 4
+        row["step_over_local"] = row["step_s"] / local if local else None
+        row["compression"] = "none (exchange skipped)" if name == "local" else METHODS[name].compressor
+        row["options"] = {} if name == "local" else METHODS[name].options
+    return {
+        "mode": "e2e",
+        "task": "fmnist_wide",
+        "model": "bench_fmnist_wide (conv 1-64-128, fc 6272-2048-2048-10)",
+        "numel": numel,
+        "batch_size_per_rank": args.batch_size,
+        "nodes": info.world_size,
+        "rate": args.rate,
+        "threads_per_rank": args.threads,
+        "cores": os.cpu_count(),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "methods": summary,
+    }
+
+
+# -- plot -----------------------------------------------------------------------------------
+def plot(result: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(result["methods"])
+    rows = [result["methods"][m] for m in methods]
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(methods) + 1.6))
+    y = range(len(methods))
+    if result["mode"] == "e2e":
+        parts = [("compute_s", "compute"), ("compress_s", "compress"), ("communicate_s", "communicate")]
+        left = [0.0] * len(methods)
+        for key, label in parts:
+            widths = [r[key] for r in rows]
+            ax.barh(list(y), widths, left=left, label=label)
+            left = [a + b for a, b in zip(left, widths)]
+        for i, r in enumerate(rows):
+            label = f"  {r['step_s']:.2f} s ({r['step_over_local']:.2f}x)"
+            ax.text(max(r["step_s"], left[i]), i, label, va="center", fontsize=8)
+        ax.set_xlim(0, max(max(left), max(r["step_s"] for r in rows)) * 1.3)
+        ax.set_xlabel("step time, slowest rank (s); parts: medians per part")
+        ax.set_title(
+            f"{result['task']}, {result['nodes']} nodes at {result['rate']}, batch {result['batch_size_per_rank']}/rank"
+        )
+        ax.legend(loc="lower right", fontsize=8)
+    else:
+        times = [r["exchange_s"] for r in rows]
+        ax.barh(list(y), times, color="tab:blue")
+        ax.set_xscale("log")
+        for i, r in enumerate(rows):
+            speed = f", {r['speedup_vs_none']:.0f}x" if r.get("speedup_vs_none") else ""
+            ax.text(r["exchange_s"], i, f"  {r['exchange_s'] * 1e3:.0f} ms{speed}", va="center", fontsize=8)
+        ax.set_xlabel("gradient exchange per step, slowest rank (s, log scale)")
+        size = f"{result['numel'] / 1e6:.1f}M values"
+        ax.set_title(f"{result['model']} ({size}), {result['nodes']} nodes at {result['rate']}")
+    ax.set_yticks(list(y), methods)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,423 @@
+"""Tables and plots from run directories, with the paper's numbers beside ours.
+
+    python -m dgc.report --table cpu-fmnist          # the runs under results/runs/cpu-fmnist/
+    python -m dgc.report --table table2-cifar --partial   # a table whose runs are not all done yet
+    python -m dgc.report 'runs/fmnist_resnet20/*/*' --name mine   # any run directories (paths or globs)
+    python -m dgc.report --list                      # the tables and the runs each one needs
+
+Writes ``<out>/<name>.md`` (the table with notes), ``<out>/<name>.csv`` (the same numbers, machine
+readable), ``<out>/<name>-steps.png`` (the headline metric after each evaluation, per method) and
+``<out>/<name>-ratio.png`` (the headline metric against the compression ratio, ours and the paper's);
+``<out>`` is ``results/`` by default. The headline metric follows the task's kind: image -> top-1
+(higher is better), language -> perplexity, speech -> WER (lower is better). Nothing is written when a
+run is missing or unreadable: the error names what is missing. The tables are defined in
+:mod:`dgc.tables`; :mod:`dgc.sweep` makes their runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dgc.rundir import atomic_write
+from dgc.tables import HEADLINE, METRICS, TABLES, Paper, Row, Table, get_table
+
+MB = 2.0**20
+
+
+class ReportError(Exception):
+    """A run is missing or unreadable (one line, naming it)."""
+
+
+@dataclass
+class Run:
+    row: Row
+    run_dir: Path
+    summary: dict[str, Any]
+    kind: str
+    evals: list[dict[str, Any]]
+
+    @property
+    def headline(self) -> str:
+        return HEADLINE.get(self.kind, "top1")
+
+    def metric(self, name: str) -> float | None:
+        value = self.summary.get("metrics", {}).get(name)
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def ratio(self) -> tuple[float | None, bool]:
+        """(wire ratio after the compression warm-up, else over all steps; whether it is the latter)."""
+        if self.summary.get("wire_ratio") is not None:
+            return float(self.summary["wire_ratio"]), False
+        value = self.summary.get("wire_ratio_all_steps")
+        return (float(value) if value is not None else None), True
+
+    def mb(self, key: str) -> float | None:
+        value = self.summary.get(key)
+        return value / MB if value is not None else None
+
+
+# -- reading -------------------------------------------------------------------------------------------
+def _kind(run_dir: Path, summary: dict[str, Any]) -> str:
+    config = run_dir / "config.yaml"
+    if config.is_file():
+        kind = (yaml.safe_load(config.read_text()) or {}).get("task", {}).get("kind")
+        if kind in HEADLINE:
+            return kind
+    metrics = summary.get("metrics", {})
+    return next((k for k, m in HEADLINE.items() if m in metrics), "image")
+
+
+def load_run(row: Row, run_dir: Path) -> Run:
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from exc
+    evals = []
+    log = run_dir / "metrics.jsonl"
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash
+            if record.get("kind") == "eval":
+                evals.append(record)
+    return Run(row, run_dir, summary, _kind(run_dir, summary), evals)
+
+
+def table_runs(table: Table, runs_root: Path, partial: bool = False) -> list[Run]:
+    """The runs of ``table`` under ``runs_root/<table>/<key>``; every one must be there unless ``partial``."""
+    dirs = {r.key: runs_root / table.name / r.key for r in table.rows}
+    missing = [d for d in dirs.values() if not (d / "summary.json").is_file()]
+    if missing and not partial:
+        shown = ", ".join(str(p) for p in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ReportError(
+            f"table {table.name} is missing {len(missing)} of {len(table.rows)} runs (no summary.json): {shown}; "
+            f"make them with `python -m dgc.sweep {table.name}` (or pass --partial)"
+        )
+    runs = []
+    for row in table.rows:
+        run_dir = dirs[row.key]
+        if run_dir in missing:
+            continue
+        run = load_run(row, run_dir)
+        if run.summary.get("task") != row.task:
+            raise ReportError(f"{run_dir} is a run of task {run.summary.get('task')!r}, the table wants {row.task!r}")
+        runs.append(run)
+    if not runs:
+        raise ReportError(
+            f"table {table.name}: none of its {len(table.rows)} runs is done under {runs_root / table.name}"
+        )
+    return runs
+
+
+def adhoc_runs(patterns: list[str], name: str) -> tuple[Table, list[Run]]:
+    """A table of any run directories (no paper numbers): one group per task, baseline = compression none."""
+    dirs: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        matches = [m for m in matches if Path(m).is_dir()]
+        if not matches:
+            raise ReportError(f"no run directory matches {pattern!r}")
+        dirs += [Path(m) for m in matches if Path(m) not in dirs]
+    missing = [str(d) for d in dirs if not (d / "summary.json").is_file()]
+    if missing:
+        raise ReportError(f"{len(missing)} run director{'y has' if len(missing) == 1 else 'ies have'} "
+                          f"no summary.json (unfinished?): {', '.join(missing[:4])}")  # fmt: skip
+    runs, rows = [], []
+    for d in dirs:
+        summary = json.loads((d / "summary.json").read_text())
+        task, comp = summary.get("task", "?"), summary.get("compression", "?")
+        row = Row(d.name, task, f"{comp} ({d.name})" if d.name != comp else comp, task, comp,
+                  int(summary.get("world_size", 1)), baseline=comp == "none")  # fmt: skip
+        rows.append(row)
+        runs.append(load_run(row, d))
+    metrics = tuple(dict.fromkeys(r.headline for r in runs))
+    table = Table(name, f"Runs: {', '.join(patterns)}", metrics, tuple(rows), "none (any run directories)", False)
+    return table, runs
+
+
+# -- the table -----------------------------------------------------------------------------------------
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _fmt_mb(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value >= 1 else f"{value:.3g}"
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else (f"{value:.0f}x" if value >= 10 else f"{value:.1f}x")
+
+
+def _baselines(runs: list[Run], table: Table) -> dict[str, tuple[Row | None, Run | None]]:
+    out: dict[str, tuple[Row | None, Run | None]] = {}
+    for row in table.rows:
+        if row.baseline and row.group not in out:
+            run = next((r for r in runs if r.row is row), None)
+            out[row.group] = (row, run)
+    return out
+
+
+def _delta(value: float | None, base: float | None) -> float | None:
+    return None if value is None or base is None else value - base
+
+
+def rows_of(table: Table, runs: list[Run]) -> list[dict[str, Any]]:
+    """One record per row of the table (runs that are missing under --partial have ours empty)."""
+    by_row = {id(r.row): r for r in runs}
+    bases = _baselines(runs, table)
+    records = []
+    for row in table.rows:
+        run = by_row.get(id(row))
+        base_row, base_run = bases.get(row.group, (None, None))
+        paper: Paper = row.paper
+        ratio, all_steps = run.ratio if run else (None, False)
+        rec: dict[str, Any] = {
+            "group": row.group,
+            "method": row.method,
+            "key": row.key,
+            "task": row.task,
+            "compression": row.compression,
+            "world_size": run.summary.get("world_size") if run else row.world_size,
+            "steps": run.summary.get("steps") if run else None,
+        }
+        for m in table.metrics:
+            ours = run.metric(m) if run else None
+            rec[f"paper_{m}"] = paper.metrics.get(m)
+            rec[m] = ours
+            rec[f"paper_delta_{m}"] = _delta(paper.metrics.get(m), base_row.paper.metrics.get(m)) if base_row else None
+            rec[f"delta_{m}"] = _delta(ours, base_run.metric(m)) if base_run else None
+        rec.update(
+            paper_dense_mb=paper.dense_mb,
+            paper_sent_mb=paper.sent_mb,
+            paper_ratio=paper.ratio,
+            dense_mb=run.mb("dense_bytes_per_step") if run else None,
+            sent_mb=run.mb("bytes_per_step") if run else None,
+            wire_ratio=ratio,
+            wire_ratio_all_steps=all_steps,
+            wall_s=run.summary.get("wall_s") if run else None,
+            run_dir=str(run.run_dir) if run else "",
+        )
+        records.append(rec)
+    return records
+
+
+def to_csv(records: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(records[0]), lineterminator="\n")
+    writer.writeheader()
+    for rec in records:
+        writer.writerow({k: ("" if v is None else v) for k, v in rec.items()})
+    return buf.getvalue()
+
+
+def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> str:
+    head = ["", "method", "N", "steps"]
+    for m in table.metrics:
+        label, higher = METRICS.get(m, (m, True))
+        head += [f"{label} paper", f"{label} ours", "Δ paper", "Δ ours"]
+    head += ["MB/step paper", "MB/step ours", "ratio paper", "ratio ours"]
+    lines = [f"# {table.title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    flagged = False
+    group = None
+    for rec in records:
+        cells = [rec["group"] if rec["group"] != group else "", rec["method"], str(rec["world_size"] or "-"),
+                 str(rec["steps"] if rec["steps"] is not None else "not run")]  # fmt: skip
+        group = rec["group"]
+        for m in table.metrics:
+            cells += [_fmt(rec[f"paper_{m}"]), _fmt(rec[m])]
+            cells += [_signed(rec[f"paper_delta_{m}"]), _signed(rec[f"delta_{m}"])]
+        paper_mb = (
+            f"{_fmt_mb(rec['paper_dense_mb'])} → {_fmt_mb(rec['paper_sent_mb'])}" if rec["paper_sent_mb"] else "-"
+        )
+        ours_mb = f"{_fmt_mb(rec['dense_mb'])} → {_fmt_mb(rec['sent_mb'])}" if rec["sent_mb"] is not None else "-"
+        ratio = _fmt_ratio(rec["wire_ratio"]) + ("†" if rec["wire_ratio_all_steps"] and rec["wire_ratio"] else "")
+        flagged |= bool(rec["wire_ratio_all_steps"] and rec["wire_ratio"])
+        cells += [paper_mb, ours_mb, _fmt_ratio(rec["paper_ratio"]), ratio]
+        lines.append("| " + " | ".join(cells) + " |")
+    directions = ", ".join(f"{METRICS.get(m, (m, True))[0]}: {'higher' if METRICS.get(m, (m, True))[1] else 'lower'}"
+                           " is better" for m in table.metrics)  # fmt: skip
+    notes = [
+        "",
+        f"Paper: {table.source}. {directions}. Δ: difference to the group's reference row{_references(table)}.",
+        "MB/step: gradient bytes one worker sends per step (MB = 2**20 bytes), dense fp32 size → compressed; ours "
+        "counts what went into the collectives (headers, indices and padding included) over the steps after the "
+        "compression warm-up; ratio = dense / sent.",
+    ]
+    if flagged:
+        notes.append("†: the run ended inside the compression warm-up; the ratio is over all its steps.")
+    if any(rec["steps"] is None for rec in records):
+        notes.append("not run: the run directory has no summary.json yet (table made with --partial).")
+    notes += ["", f"Made by `{command}` from:", ""]
+    notes += [f"- {rec['key']}: `{rec['run_dir']}`" for rec in records if rec["run_dir"]]
+    return "\n".join(lines + notes) + "\n"
+
+
+def _references(table: Table) -> str:
+    odd = [f"{r.group}: {r.method}" for r in table.rows if r.baseline and r.compression != "none"]
+    return f" (the baseline; {'; '.join(odd)})" if odd else " (the baseline)"
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}"
+
+
+# -- plots ---------------------------------------------------------------------------------------------
+def _groups(table: Table) -> list[str]:
+    return list(dict.fromkeys(r.group for r in table.rows))
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+def plot_steps(table: Table, runs: list[Run]) -> bytes:
+    """The headline metric at each evaluation against the step, one panel per group, one line per method;
+    the paper's final value as a dashed line in the same colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = _groups(table)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        group_runs = [r for r in runs if r.row.group == group]
+        metric = group_runs[0].headline if group_runs else HEADLINE["image"]
+        for run in group_runs:
+            points = [(e["step"], e[metric]) for e in run.evals if isinstance(e.get(metric), int | float)]
+            if not points and run.metric(metric) is not None:
+                points = [(run.summary.get("steps", 0), run.metric(metric))]
+            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=run.row.method)
+            if metric in run.row.paper.metrics:
+                ax.axhline(run.row.paper.metrics[metric], ls="--", lw=0.8, color=line.get_color())
+        label, higher = METRICS.get(metric, (metric, True))
+        ax.set(xlabel="step", ylabel=label, title=f"{group}\n({'higher' if higher else 'lower'} is better; "
+               "dashed: paper)")  # fmt: skip
+        ax.grid(alpha=0.3)
+        if group_runs:
+            ax.legend(fontsize=7)
+    fig.suptitle(table.title, fontsize=10)
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def plot_ratio(table: Table, runs: list[Run]) -> bytes:
+    """The headline metric against the compression ratio (log): ours filled, the paper's hollow."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = _groups(table)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        group_runs = [r for r in runs if r.row.group == group]
+        metric = group_runs[0].headline if group_runs else HEADLINE["image"]
+        for i, run in enumerate(group_runs):
+            color = f"C{i % 10}"
+            ratio, _ = run.ratio
+            if ratio is not None and run.metric(metric) is not None:
+                ax.scatter([ratio], [run.metric(metric)], color=color, label=f"{run.row.method} (ours)")
+            paper = run.row.paper
+            if metric in paper.metrics:
+                ax.scatter([paper.ratio or 1.0], [paper.metrics[metric]], facecolors="none", edgecolors=color,
+                           label=f"{run.row.method} (paper)")  # fmt: skip
+        ax.set_xscale("log")
+        label, higher = METRICS.get(metric, (metric, True))
+        ax.set(xlabel="compression ratio (dense / sent bytes)", ylabel=label,
+               title=f"{group}\n({'higher' if higher else 'lower'} is better)")  # fmt: skip
+        ax.grid(alpha=0.3, which="both")
+        if ax.collections:
+            ax.legend(fontsize=7)
+    fig.suptitle(table.title, fontsize=10)
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+# -- entry point ---------------------------------------------------------------------------------------
+def build(table: Table, runs: list[Run], command: str) -> dict[str, bytes]:
+    """Every output file's bytes, made in memory first (so a failure leaves nothing half-written)."""
+    records = rows_of(table, runs)
+    return {
+        f"{table.name}.md": to_markdown(table, records, command).encode(),
+        f"{table.name}.csv": to_csv(records).encode(),
+        f"{table.name}-steps.png": plot_steps(table, runs),
+        f"{table.name}-ratio.png": plot_ratio(table, runs),
+    }
+
+
+def list_tables() -> str:
+    lines = []
+    for t in TABLES.values():
+        scale = "full scale (GPU cluster)" if t.full_scale else "CPU scale"
+        lines.append(f"{t.name}: {t.title} [{scale}]")
+        lines += [f"    {r.key}: {' '.join(r.train_overrides())} (world size {r.world_size})" for r in t.rows]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dgc.report", description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="*", help="run directories or globs (instead of --table)")
+    p.add_argument("--table", help=f"one of: {', '.join(TABLES)}")
+    p.add_argument("--name", default="report", help="output name for run directories given as paths (default: report)")
+    p.add_argument(
+        "--runs-root", default="results/runs", help="where --table finds <table>/<key>/ (default: results/runs)"
+    )
+    p.add_argument("--out", default="results", help="output directory (default: results)")
+    p.add_argument("--partial", action="store_true", help="with --table: show the runs that are done, mark the others")
+    p.add_argument("--list", action="store_true", help="list the tables and their runs")
+    args = p.parse_args(argv)
+    if not args.list and bool(args.table) == bool(args.runs):
+        p.error("give either --table NAME or run directories")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.list:
+        print(list_tables())
+        return
+    command = "python -m dgc.report " + " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        if args.table:
+            try:
+                table = get_table(args.table)
+            except ValueError as exc:
+                raise ReportError(str(exc)) from exc
+            runs = table_runs(table, Path(args.runs_root), args.partial)
+        else:
+            table, runs = adhoc_runs(args.runs, args.name)
+        files = build(table, runs, command)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    out = Path(args.out)
+    for name, data in files.items():
+        atomic_write(out / name, data)
+    print(files[f"{table.name}.md"].decode())
+    print(f"wrote {', '.join(str(out / n) for n in files)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""The Hydra configuration: every task with every compressor composes into a valid run; mistakes fail early."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dgc.conf import options
+from dgc.tasks.models import MODELS
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import dgc
+import dgc.train  # noqa: F401  (registers the schema the configs start from)
+from dgc import rundir
+from dgc.config import Config
+from tests.datafiles import write_fmnist
+
+TASKS = options("task")
+COMPRESSORS = options("compression")
+
+
+def compose_config(*overrides: str) -> Config:
+    with initialize_config_module("dgc.conf", version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def test_groups_are_found():
+    assert {"fmnist_resnet20", "cifar10_resnet20", "cifar10_resnet110", "imagenet_resnet50", "imagenet_alexnet"} <= set(
+        TASKS
+    )
+    assert {"none", "fp16", "topk", "dgc", "terngrad", "powersgd"} <= set(COMPRESSORS)
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("compression", COMPRESSORS)
+def test_every_task_with_every_compressor(task, compression):
+    cfg = compose_config(f"task={task}", f"compression={compression}")
+    assert isinstance(cfg, Config)
+    assert cfg.task.name == task
+    assert cfg.compression.name == compression
+    # the compressor builds from its options, and the model arguments are ones the builder takes
+    compressor = dgc.build_compressor(cfg.compression.name, **cfg.compression.compressor_options())
+    assert compressor.name == compression
+    assert cfg.model.name in MODELS
+    assert set(cfg.model.args) <= set(inspect.signature(MODELS[cfg.model.name]).parameters)
+    assert cfg.train.epochs > 0 and cfg.train.batch_size >= 1 and cfg.optim.lr > 0
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_dgc_takes_the_task_warmup(task):
+    cfg = compose_config(f"task={task}", "compression=dgc")
+    assert cfg.compression.warmup_epochs == cfg.task.compression_warmup_epochs
+    assert cfg.compression.clip_norm == cfg.task.local_clip_norm
+    compressor = dgc.build_compressor("dgc", **cfg.compression.compressor_options())
+    assert compressor.schedule.warmup_epochs == cfg.task.compression_warmup_epochs
+    assert compressor.schedule.density == 0.001
+
+
+def test_paper_warmups():
+    assert compose_config("task=cifar10_resnet20", "compression=dgc").compression.warmup_epochs == 4
+    assert compose_config("task=imagenet_resnet50", "compression=dgc").compression.warmup_epochs == 4
+    # an override of the task's warm-up reaches the compressor (interpolation, not a copy)
+    cfg = compose_config("task=cifar10_resnet20", "compression=dgc", "task.compression_warmup_epochs=2")
+    assert cfg.compression.warmup_epochs == 2
+
+
+def test_task_settings_reach_the_config():
+    cfg = compose_config("task=fmnist_resnet20")
+    assert cfg.model.args["in_channels"] == 1 and cfg.model.args["depth"] == 20
+    assert cfg.data.name == "fmnist" and cfg.optim.lr == 0.025
+    cfg = compose_config("task=imagenet_alexnet")
+    assert cfg.model.args["arch"] == "alexnet" and cfg.optim.schedule == "multistep"
+    assert cfg.optim.milestones == [30, 60]
+    cfg = compose_config("task=cifar10_resnet110", "train.max_steps=7", "optim.lr=0.5")
+    assert cfg.model.args["depth"] == 110 and cfg.train.max_steps == 7 and cfg.optim.lr == 0.5
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train.max_step=3", "max_step"),  # a typo
+        ("optim.lr=abc", "lr"),  # a wrong type
+        ("train.batch_size=1.5", "batch_size"),
+        ("compression.densty=0.1", "densty"),
+    ],
+)
+def test_mistakes_fail_at_compose_time(override, key):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_config("task=fmnist_resnet20", override)
+    assert key in str(info.value) + str(info.value.__cause__)
+
+
+def test_unknown_group_option_fails():
+    with pytest.raises(Exception, match="nope"):
+        compose_config("compression=nope")
+
+
+def test_default_run_dirs_of_a_sweep_differ(tmp_path, monkeypatch):
+    # the jobs of a sweep run in one process within the same second
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rundir.time, "strftime", lambda fmt: "20250101-000000")
+    first = rundir.default_run_dir("t", "dgc")
+    assert first == f"runs/t/dgc/20250101-000000-{os.getpid()}"
+    Path(first).mkdir(parents=True)
+    second = rundir.default_run_dir("t", "dgc")
+    assert second != first
+    Path(second).mkdir()
+    assert len({first, second, rundir.default_run_dir("t", "dgc")}) == 3
+
+
+def test_multirun_sweep(tmp_path):
+    data = write_fmnist(tmp_path / "fmnist", n_train=32, n_test=16)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "dgc.train",
+        "-m",
+        "task=fmnist_resnet20",
+        "compression=none,dgc",
+        "seed=0,1",  # two jobs per compressor: their default run dirs must not collide
+        f"data.root={data}",
+        "device=cpu",
+        "train.max_steps=2",
+        "train.batch_size=4",
+        "train.eval_batch_size=16",
+        "train.progress=false",
+    ]
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "error:" not in out.stderr
+    summaries = sorted(cwd.glob("runs/fmnist_resnet20/*/*/summary.json"))
+    assert len(summaries) == 4, summaries
+    jobs = []
+    for path in summaries:
+        summary = json.loads(path.read_text())
+        saved = OmegaConf.load(path.parent / "config.yaml")
+        assert summary["compression"] == path.parent.parent.name == saved.compression.name
+        assert summary["steps"] == 2 and summary["world_size"] == 1
+        jobs.append((summary["compression"], saved.seed))
+    assert sorted(jobs) == [("dgc", 0), ("dgc", 1), ("none", 0), ("none", 1)]
+    # Hydra itself writes no job folders
+    assert not (cwd / "outputs").exists() and not (cwd / "multirun").exists()
+    assert not list(cwd.rglob(".hydra"))

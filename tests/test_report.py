@@ -1,0 +1,197 @@
+"""python -m dgc.report on run directories the tests write (summary.json, config.yaml, metrics.jsonl)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dgc import report
+from dgc.tables import TABLES, get_table
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_run(
+    run_dir: Path,
+    task: str,
+    compression: str,
+    metrics: dict[str, float],
+    kind: str = "image",
+    world_size: int = 4,
+    steps: int = 300,
+    sent: float | None = 2400.0,
+    dense: float = 1077736.0,
+    evals: int = 3,
+) -> Path:
+    run_dir.mkdir(parents=True)
+    headline = {"image": "top1", "language": "ppl", "speech": "wer"}[kind]
+    dense_run = compression == "none"
+    summary = {
+        "task": task,
+        "compression": compression,
+        "world_size": world_size,
+        "steps": steps,
+        "metrics": metrics,
+        "wire_ratio": 1.0 if dense_run else (dense / sent if sent else None),
+        "bytes_per_step": dense if dense_run else sent,
+        "dense_bytes_per_step": dense if (dense_run or sent) else None,
+        "wire_ratio_all_steps": 1.0 if dense_run else 40.0,
+        "wall_s": 12.5,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"task": {"name": task, "kind": kind}}))
+    lines = [{"kind": "train", "step": 10, "loss": 2.0}]
+    for i in range(1, evals + 1):
+        value = metrics[headline] * i / evals
+        lines.append({"kind": "eval", "step": steps * i // evals, "epoch": i, headline: value})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"kind": "ev')
+    return run_dir
+
+
+def fake_table(root: Path, name: str, skip: tuple[str, ...] = ()) -> None:
+    table = get_table(name)
+    kind = {"top1": "image", "ppl": "language", "wer": "speech"}
+    for i, row in enumerate(table.rows):
+        if row.key in skip:
+            continue
+        metrics = {m: 50.0 + i for m in table.metrics}
+        fake_run(root / name / row.key, row.task, row.compression, metrics, kind[table.metrics[0]], row.world_size)
+
+
+def run_report(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        report.main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_table_report_puts_the_paper_beside_ours(tmp_path, capsys):
+    fake_table(tmp_path / "runs", "cpu-fmnist")
+    out = tmp_path / "results"
+    code, stdout, _ = run_report(
+        ["--table", "cpu-fmnist", "--runs-root", str(tmp_path / "runs"), "--out", str(out)], capsys
+    )
+    assert code == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["cpu-fmnist-ratio.png", "cpu-fmnist-steps.png", "cpu-fmnist.csv", "cpu-fmnist.md"]
+    md = (out / "cpu-fmnist.md").read_text()
+    assert md == stdout.split("wrote ")[0].rstrip("\n") + "\n"
+    # paper 93.75 / 92.75 / 93.87 and the paper's deltas; ours 50 / 51 / 52 and our deltas
+    assert "| Gradient Dropping | 4 | 300 | 92.75 | 51.00 | -1.00 | +1.00 |" in md
+    assert "| DGC | 4 | 300 | 93.87 | 52.00 | +0.12 | +2.00 |" in md
+    assert "1.03 → 0.00229" in md and "449x" in md
+    rows = list(csv.DictReader(io.StringIO((out / "cpu-fmnist.csv").read_text())))
+    assert [r["key"] for r in rows] == ["none", "topk", "dgc"]
+    assert float(rows[2]["paper_top1"]) == 93.87 and float(rows[2]["top1"]) == 52.0
+    assert float(rows[2]["wire_ratio"]) == pytest.approx(1077736 / 2400)
+    assert float(rows[0]["dense_mb"]) == pytest.approx(1077736 / 2**20)
+    for png in ("cpu-fmnist-steps.png", "cpu-fmnist-ratio.png"):
+        assert (out / png).read_bytes().startswith(PNG)
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_full_scale_table_with_sizes_and_two_metrics(tmp_path, capsys):
+    fake_table(tmp_path / "runs", "table4-librispeech")
+    code, _, _ = run_report(
+        ["--table", "table4-librispeech", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path)], capsys
+    )
+    assert code == 0
+    md = (tmp_path / "table4-librispeech.md").read_text()
+    assert "| WER % paper | WER % ours |" in md and "WER % test-other paper" in md
+    assert "| 9.06 | 51.00 | -0.39 | +1.00 | 27.04 | 51.00 | -0.03 | +1.00 | 488.08 → 0.74 |" in md
+    assert "608x" in md and "lower is better" in md
+
+
+def test_table2_groups_and_world_sizes(tmp_path, capsys):
+    fake_table(tmp_path / "runs", "table2-cifar")
+    code, _, _ = run_report(
+        ["--table", "table2-cifar", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path)], capsys
+    )
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "table2-cifar.csv").read_text())))
+    assert [int(r["world_size"]) for r in rows] == [4] * 3 + [8] * 3 + [16] * 3 + [32] * 3
+    paper = {(r["group"], r["method"]): float(r["paper_top1"]) for r in rows}
+    assert paper[("32 GPUs (batch 1024)", "Gradient Dropping")] == 92.10
+    assert paper[("8 GPUs (batch 256)", "DGC")] == 93.28
+    # the deltas are taken within each group
+    assert float(rows[5]["paper_delta_top1"]) == pytest.approx(93.28 - 92.92)
+    assert float(rows[5]["delta_top1"]) == pytest.approx(2.0)
+
+
+def test_missing_runs_fail_with_one_line_and_write_nothing(tmp_path, capsys):
+    fake_table(tmp_path / "runs", "cpu-ablation", skip=("dgc-no-mc", "dgc-no-warmup"))
+    (tmp_path / "runs" / "cpu-ablation" / "dgc-no-mc").mkdir()  # started, never finished
+    out = tmp_path / "results"
+    code, stdout, err = run_report(
+        ["--table", "cpu-ablation", "--runs-root", str(tmp_path / "runs"), "--out", str(out)], capsys
+    )
+    assert code != 0 and stdout == ""
+    assert err.count("\n") == 1 and err.startswith("error: table cpu-ablation is missing 2 of 6 runs")
+    assert "cpu-ablation/dgc-no-mc" in err and "cpu-ablation/dgc-no-warmup" in err
+    assert not out.exists()
+
+
+def test_partial_marks_what_is_not_run(tmp_path, capsys):
+    fake_table(tmp_path / "runs", "cpu-kjv", skip=("dgc",))
+    code, _, _ = run_report(
+        ["--table", "cpu-kjv", "--partial", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path)], capsys
+    )
+    assert code == 0
+    md = (tmp_path / "cpu-kjv.md").read_text()
+    assert "| DGC | 4 | not run | 72.24 | - |" in md and "--partial" in md
+
+
+def test_a_run_of_the_wrong_task_is_an_error(tmp_path, capsys):
+    fake_table(tmp_path / "runs", "cpu-kjv", skip=("dgc",))
+    fake_run(tmp_path / "runs" / "cpu-kjv" / "dgc", "fmnist_resnet20", "dgc", {"top1": 1.0})
+    code, _, err = run_report(
+        ["--table", "cpu-kjv", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "o")], capsys
+    )
+    assert code != 0 and "task 'fmnist_resnet20', the table wants 'kjv_lstm'" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_table_names_the_valid_ones(tmp_path, capsys):
+    code, _, err = run_report(["--table", "table9", "--out", str(tmp_path / "o")], capsys)
+    assert code != 0 and "valid: table2-cifar" in err
+
+
+def test_run_dirs_by_glob_headline_follows_the_kind(tmp_path, capsys):
+    fake_run(tmp_path / "r" / "none", "kjv_lstm", "none", {"ppl": 150.0, "val_ppl": 160.0}, kind="language")
+    fake_run(tmp_path / "r" / "dgc-a", "kjv_lstm", "dgc", {"ppl": 155.0}, kind="language", sent=None)
+    code, _, _ = run_report([str(tmp_path / "r" / "*"), "--name", "lm", "--out", str(tmp_path / "o")], capsys)
+    assert code == 0
+    md = (tmp_path / "o" / "lm.md").read_text()
+    assert "| perplexity paper | perplexity ours |" in md
+    # sorted glob: dgc-a first; its ratio covers all steps (it ended in the warm-up), flagged with †
+    assert "| kjv_lstm | dgc (dgc-a) | 4 | 300 | - | 155.00 | - | +5.00 |" in md and "40x†" in md
+    assert "| none | 4 | 300 | - | 150.00 | - | +0.00 |" in md
+
+
+def test_glob_without_match_and_unfinished_dir_are_errors(tmp_path, capsys):
+    code, _, err = run_report([str(tmp_path / "nothing-*"), "--out", str(tmp_path / "o")], capsys)
+    assert code != 0 and "no run directory matches" in err
+    (tmp_path / "half").mkdir()
+    code, _, err = run_report([str(tmp_path / "half"), "--out", str(tmp_path / "o")], capsys)
+    assert code != 0 and "no summary.json" in err and str(tmp_path / "half") in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_list_names_every_table(capsys):
+    code, out, _ = run_report(["--list"], capsys)
+    assert code == 0
+    for name in TABLES:
+        assert f"{name}:" in out
+
+
+def test_cli_wants_a_table_or_run_dirs(capsys):
+    code, _, err = run_report([], capsys)
+    assert code == 2 and "either --table NAME or run directories" in err

@@ -1,0 +1,133 @@
+"""The table definitions (dgc.tables) and the sweep driver (python -m dgc.sweep), without training."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from dgc.conf import options
+from hydra import compose, initialize_config_module
+
+import dgc.train  # noqa: F401  (registers the config schema)
+from dgc import sweep
+from dgc.tables import METRICS, TABLES, get_table
+from tests.test_report import fake_run
+
+ROWS = [(t.name, r) for t in TABLES.values() for r in t.rows]
+
+
+@pytest.mark.parametrize("table", list(TABLES.values()), ids=list(TABLES))
+def test_tables_are_well_formed(table):
+    keys = [r.key for r in table.rows]
+    assert len(keys) == len(set(keys)), "row keys must be unique (they name run directories)"
+    assert all(m in METRICS for m in table.metrics)
+    for group in {r.group for r in table.rows}:
+        assert sum(r.baseline for r in table.rows if r.group == group) == 1, f"{group} needs one baseline"
+    for row in table.rows:
+        assert row.task in options("task") and row.compression in options("compression")
+        assert set(row.paper.metrics) <= set(table.metrics)
+
+
+def test_every_row_composes():
+    with initialize_config_module("dgc.conf", version_base="1.3"):
+        for name, row in ROWS:
+            cfg = compose("config", overrides=sweep.train_overrides(row, [], Path("runs/x")))
+            assert cfg.task.name == row.task and cfg.compression.name == row.compression, (name, row.key)
+
+
+def test_ablation_rows_switch_one_technique_off():
+    with initialize_config_module("dgc.conf", version_base="1.3"):
+        cfg = {r.key: compose("config", overrides=r.train_overrides()) for r in get_table("cpu-ablation").rows}
+    assert cfg["dgc"].compression.clip_norm == 5 and cfg["dgc"].compression.momentum_correction
+    assert cfg["dgc-no-clip"].compression.clip_norm is None
+    assert not cfg["dgc-no-mc"].compression.momentum_correction and cfg["dgc-no-mc"].compression.clip_norm == 5
+    assert not cfg["dgc-no-mask"].compression.momentum_masking
+    assert cfg["dgc-no-warmup"].compression.warmup_epochs == 0 and cfg["dgc"].compression.warmup_epochs == 0.5
+
+
+def test_overrides_each_key_once_last_wins():
+    row = get_table("cpu-ablation").rows[1]
+    args = sweep.parse_args(
+        ["cpu-ablation", "--data-root", "fmnist=/d/f", "--data-root", "fm=/x", "compression.clip_norm=9"]
+    )
+    out = sweep.train_overrides(row, sweep.extra_overrides(row, args), Path("r/d"))
+    assert out.count("compression.clip_norm=9") == 1 and not any(o == "compression.clip_norm=5" for o in out)
+    assert "data.root=/d/f" in out and "data.root=/x" not in out
+    assert out[-1] == "run_dir=r/d"
+
+
+def test_slurm_command_splits_ranks_over_nodes():
+    table = get_table("table2-cifar")
+    rows = {r.key: r for r in table.rows}
+    args = sweep.parse_args(["table2-cifar", "--launcher", "slurm", "--sbatch=--partition=gpu"])
+    cmd, env = sweep.slurm_command(table, rows["dgc-32"], 32, [], Path("runs/t/dgc-32"), args)
+    assert "--nodes=8" in cmd and "--gpus-per-node=4" in cmd and "--partition=gpu" in cmd and env == {"NPROC": "4"}
+    assert "launch/slurm/train_multinode.sbatch" in cmd and cmd[-1] == "run_dir=runs/t/dgc-32"
+    cmd, env = sweep.slurm_command(table, rows["none-4"], 4, [], Path("r"), args)
+    assert "launch/slurm/train_1node.sbatch" in cmd and "--nodes=1" in cmd and env == {"NPROC": "4"}
+    cpu = sweep.parse_args(["table2-cifar", "--launcher", "slurm", "--cpu", "--gpus-per-node", "2"])
+    cmd, env = sweep.slurm_command(table, rows["none-4"], 4, [], Path("r"), cpu)
+    assert "--gpus-per-node=0" in cmd and "--nodes=2" in cmd and env == {"NPROC": "2"}
+
+
+def test_bad_arguments_name_the_valid_values(capsys):
+    for argv, message in (
+        (["table7"], "valid: table2-cifar"),
+        (["cpu-kjv", "--only", "dgc,nope"], "unknown row nope of cpu-kjv; valid: none, dgc"),
+        (["cpu-kjv", "notanoverride"], "not a dgc.train override"),
+        (["cpu-kjv", "--data-root", "x"], "PREFIX=PATH"),
+    ):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
+    """Each run is one torchrun (faked here: it writes the run directory), then the report."""
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    stale = runs / "cpu-fmnist" / "dgc"
+    stale.mkdir(parents=True)
+    (stale / "metrics.jsonl").write_text("old\n")
+    commands = []
+
+    def fake_torchrun(cmd, env=None, **kw):
+        commands.append(cmd)
+        assert env["OMP_NUM_THREADS"]
+        args = dict(a.split("=", 1) for a in cmd if "=" in a and not a.startswith("-"))
+        assert not Path(args["run_dir"]).exists(), "a stale run directory must be removed first"
+        fake_run(Path(args["run_dir"]), args["task"], args["compression"], {"top1": 80.0}, world_size=2)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_torchrun)
+    sweep.main(["cpu-fmnist", "--world-size", "2", "--runs-root", str(runs), "--out", str(out), "train.max_steps=3"])
+    assert len(commands) == 3 and all("--nproc_per_node=2" in c and "train.max_steps=3" in c for c in commands)
+    assert not (stale / "metrics.jsonl").read_text().startswith("old")
+    assert (out / "cpu-fmnist.md").is_file() and (out / "cpu-fmnist-steps.png").is_file()
+
+    # --skip-done keeps the finished runs
+    commands.clear()
+    sweep.main(["cpu-fmnist", "--skip-done", "--no-report", "--runs-root", str(runs)])
+    assert commands == []
+
+
+def test_local_sweep_stops_at_a_failed_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 3))
+    with pytest.raises(SystemExit, match="run cpu-kjv/none failed"):
+        sweep.main(["cpu-kjv", "--runs-root", str(tmp_path)])
+    assert not (tmp_path / "results").exists()
+
+
+def test_slurm_sweep_submits_runs_then_a_dependent_report(tmp_path, monkeypatch):
+    submitted = []
+
+    def fake_sbatch(cmd, **kw):
+        submitted.append((cmd, kw.get("env", {}).get("NPROC")))
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"{100 + len(submitted)}\n", stderr="")
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_sbatch)
+    sweep.main(["table4-ptb", "--launcher", "slurm", "--runs-root", str(tmp_path), "--data-root", "ptb=/data/ptb"])
+    (run1, n1), (run2, _), (rep, _) = submitted
+    assert n1 == "4" and "data.root=/data/ptb" in run1 and "compression=dgc" in run2
+    assert "--dependency=afterok:101:102" in rep
+    assert any(a.startswith("--wrap=") and "dgc.report --table table4-ptb" in a for a in rep)

@@ -1,0 +1,349 @@
+"""``python -m dgc.train`` end to end: torchrun, crash and exact resume, bad overrides, run dirs, schedules, wandb.
+
+The runs are tiny (Fashion-MNIST IDX files with a few dozen images written by the tests).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+import dgc.train  # noqa: F401  (registers the schema the configs start from)
+from dgc.config import Config
+from dgc.distributed import init_distributed
+from dgc.trainer import ConfigError, Trainer, learning_rate
+from tests.datafiles import write_fmnist
+
+TINY = [
+    "task=fmnist_resnet20",
+    "device=cpu",
+    "train.batch_size=4",
+    "train.eval_batch_size=16",
+    "train.progress=false",
+]
+
+
+@pytest.fixture(scope="module")
+def fmnist(tmp_path_factory) -> Path:
+    return write_fmnist(tmp_path_factory.mktemp("data") / "fmnist", n_train=64, n_test=16)
+
+
+def cli(args: list[str], cwd: Path, torchrun: bool = False, env: dict | None = None, timeout: float = 300):
+    """Run ``python -m dgc.train`` (under ``torchrun --nproc_per_node=2`` when asked) in ``cwd``."""
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dgc.train"]
+    else:
+        cmd = [sys.executable, "-m", "dgc.train"]
+    # no crash hook and no launcher variables (RANK, WORLD_SIZE, SLURM_*) from whatever runs the tests
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DGC_TEST_KILL_AFTER_STEP")
+    full_env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
+    full_env.update({"OMP_NUM_THREADS": "1", **(env or {})})
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([*cmd, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def load(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+
+
+def assert_same_tree(a, b, path="") -> None:
+    """Equal nested dicts/lists of tensors and plain values (tensors bit for bit)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_same_tree(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tree(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+def assert_same_training(a: Path, b: Path) -> None:
+    """Two runs that trained identically: model, optimizer, every rank's compression state, and the log."""
+    sa, sb = load(a), load(b)
+    assert sa["counters"]["step"] == sb["counters"]["step"]
+    for k in sa["model"]:
+        assert torch.equal(sa["model"][k], sb["model"][k]), k
+    assert_same_tree(sa["optimizer"], sb["optimizer"])
+    assert len(sa["ranks"]) == len(sb["ranks"])
+    for ra, rb in zip(sa["ranks"], sb["ranks"]):
+        assert ra["compression"]["compressor"]["tensors"]  # DGC keeps residuals and momenta
+        # compression state, RNG and (with several workers) each worker's BatchNorm statistics
+        assert_same_tree(ra, rb)
+    keys = ("step", "epoch", "loss", "lr", "density", "sent_bytes")
+    assert [[r[k] for k in keys] for r in records(a, "train")] == [[r[k] for k in keys] for r in records(b, "train")]
+    keys = ("step", "epoch", "loss", "top1", "top5")
+    assert [[r[k] for k in keys] for r in records(a, "eval")] == [[r[k] for k in keys] for r in records(b, "eval")]
+    steps = [r["step"] for r in records(b, "train")]
+    assert len(steps) == len(set(steps)) and steps == sorted(steps)
+
+
+# -- torchrun, two ranks -------------------------------------------------------------------
+
+#: 48 images / (2 ranks x 4) = 6 steps per epoch; 8 steps cross an epoch end
+TORCHRUN = [*TINY, "compression=dgc", "compression.density=0.05", "task.compression_warmup_epochs=0.34"]
+TORCHRUN += ["data.limit=48", "train.max_steps=8", "train.checkpoint_every=2", "train.log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def torchrun_run(fmnist, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("torchrun")
+    out = cli([*TORCHRUN, f"data.root={fmnist}"], cwd, torchrun=True)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return cwd, out
+
+
+def test_torchrun_two_ranks(torchrun_run):
+    cwd, out = torchrun_run
+    # one run dir picked by rank 0 for both ranks, and nothing else written (no outputs/, .hydra, logs)
+    assert sorted(os.listdir(cwd)) == ["runs"]
+    run_dirs = list(cwd.glob("runs/*/*/*"))
+    assert len(run_dirs) == 1, run_dirs
+    run_dir = run_dirs[0]
+    assert run_dir.parent.name == "dgc" and run_dir.parent.parent.name == "fmnist_resnet20"
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "checkpoint.pt",
+        "config.yaml",
+        "env.json",
+        "metrics.jsonl",
+        "summary.json",
+    ]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 8
+    assert summary["task"] == "fmnist_resnet20" and summary["compression"] == "dgc"
+    assert 0 <= summary["metrics"]["top1"] <= summary["metrics"]["top5"] <= 100
+    assert summary["wire_ratio"] > 5 and summary["bytes_per_step"] > 0
+    assert json.loads((run_dir / "env.json").read_text())["world_size"] == 2
+    # the evaluation after the epoch (step 6) and at the end (step 8), over both ranks' shards
+    assert [r["step"] for r in records(run_dir, "eval")] == [6, 8]
+    assert [r["step"] for r in records(run_dir, "train")] == list(range(1, 9))
+    # the rate is scaled by the 2 workers and follows the warm-up of the fmnist task
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / "config.yaml")))
+    for r in records(run_dir, "train"):
+        assert r["lr"] == pytest.approx(learning_rate(cfg, 2 * cfg.optim.lr, (r["step"] - 1) / 6), rel=1e-9)
+    # one line of console output per rank-0 event, none from rank 1
+    assert out.stdout.count("run dir ") == 1
+    state = load(run_dir)
+    assert state["world_size"] == 2 and [r["compression"]["rank"] for r in state["ranks"]] == [0, 1]
+    residual = [r["compression"]["compressor"]["tensors"]["fc.weight"]["v"] for r in state["ranks"]]
+    assert not torch.equal(*residual)  # each rank keeps its own residual
+
+
+def test_torchrun_crash_and_resume(torchrun_run, fmnist, tmp_path):
+    cwd, _ = torchrun_run
+    (reference,) = cwd.glob("runs/*/*/*")
+    run_dir = tmp_path / "b"
+    args = [*TORCHRUN, f"data.root={fmnist}", f"run_dir={run_dir}"]
+    # both ranks kill themselves during step 4, after the checkpoint of step 2 and the log line of step 3
+    out = cli(args, tmp_path, torchrun=True, env={"DGC_TEST_KILL_AFTER_STEP": "3"})
+    assert out.returncode != 0
+    assert not (run_dir / "summary.json").exists()
+    assert load(run_dir)["counters"]["step"] == 2
+    assert [r["step"] for r in records(run_dir, "train")] == [1, 2, 3]
+    out = cli([*args, "resume=true"], tmp_path, torchrun=True)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "resuming" in out.stdout and "at step 2" in out.stdout
+    assert_same_training(reference, run_dir)
+
+
+# -- crash and resume, one process ---------------------------------------------------------
+
+
+def test_crash_and_resume(fmnist, tmp_path):
+    # 32 images / 4 = 8 steps per epoch; the crash is mid-epoch and the run goes on past the epoch's end.
+    # A small density after a short warm-up, so residuals and momenta matter.
+    args = [*TINY, f"data.root={fmnist}", "compression=dgc", "compression.density=0.05"]
+    args += ["task.compression_warmup_epochs=0.25", "data.limit=32", "train.max_steps=10"]
+    args += ["train.checkpoint_every=2", "train.log_every=1"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    out = cli([*args, f"run_dir={a}"], tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+
+    # killed during step 6: after the checkpoint of step 4 and after step 5 was logged
+    out = cli([*args, f"run_dir={b}"], tmp_path, env={"DGC_TEST_KILL_AFTER_STEP": "5"})
+    assert out.returncode == -signal.SIGKILL
+    assert not (b / "summary.json").exists()
+    assert load(b)["counters"]["step"] == 4
+    assert [r["step"] for r in records(b, "train")] == [1, 2, 3, 4, 5]
+
+    out = cli([*args, f"run_dir={b}", "resume=true"], tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert f"resuming {b} at step 4" in out.stdout
+    assert json.loads((b / "summary.json").read_text())["steps"] == 10
+    assert [r["step"] for r in records(b, "train")] == list(range(1, 11))
+    assert [r["step"] for r in records(b, "eval")] == [8, 10]
+    assert_same_training(a, b)
+    sa, sb = json.loads((a / "summary.json").read_text()), json.loads((b / "summary.json").read_text())
+    for key in ("steps", "metrics", "wire_ratio", "bytes_per_step", "wire_ratio_all_steps"):
+        assert sa[key] == sb[key], key
+
+
+def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
+    """One checkpoint per step, and at the end of an epoch or of the run it is taken after the evaluation
+    (a resumed run then neither evaluates nor logs that step twice)."""
+    from dgc.run import RunFiles
+
+    saved = []
+    original = RunFiles.save_checkpoint
+
+    def save(self, state, step):
+        saved.append((step, state["last_eval"][1]))
+        original(self, state, step)
+
+    monkeypatch.setattr(RunFiles, "save_checkpoint", save)
+    args = [*TINY, f"data.root={fmnist}", "data.limit=16", "train.max_steps=6", "train.checkpoint_every=2"]
+    cfg = _compose(*args, "data.eval_limit=4", f"run_dir={tmp_path / 'r'}")
+    Trainer(cfg, init_distributed("cpu")).fit()
+    # 4 steps per epoch: evaluations at 4 (epoch end) and 6 (run end)
+    assert saved == [(2, -1), (4, 4), (6, 6)]
+
+
+# -- mistakes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["task=nope"], "unknown task 'nope'; valid: "),
+        (["compression=dgc", "compression.density=0"], "density"),
+        (["data.root=/nonexistent"], "/nonexistent"),
+        (["resume=true"], "resume=true but"),
+        (["train.max_step=3"], "max_step"),
+        (["optim.lr=abc"], "optim.lr"),
+    ],
+    ids=["unknown-task", "density-0", "missing-data", "resume-without-checkpoint", "typo", "wrong-type"],
+)
+def test_bad_overrides(override, message, fmnist, tmp_path):
+    run_dir = tmp_path / "r"
+    cwd = tmp_path / "cwd"
+    args = [*TINY, f"data.root={fmnist}", "train.max_steps=1", *override, f"run_dir={run_dir}"]
+    out = cli(args, cwd)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in out.stdout + out.stderr
+    assert not run_dir.exists()
+    assert os.listdir(cwd) == []
+
+
+def test_existing_run_is_refused(fmnist, tmp_path):
+    run_dir = tmp_path / "r"
+    args = [*TINY, f"data.root={fmnist}", "train.max_steps=1", f"run_dir={run_dir}"]
+    cfg = _compose(*args)
+    Trainer(cfg, init_distributed("cpu")).fit()
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+
+    out = cli(args, tmp_path)
+    assert out.returncode != 0
+    assert (
+        out.stderr.strip()
+        == f"error: {run_dir} already holds a run: pass resume=true to continue it, or another run_dir"
+    )
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_run_without_checkpoint_is_refused(fmnist, tmp_path):
+    # a run that stopped before its first checkpoint left a log: a new run would append to it
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
+    cfg = _compose(*TINY, f"data.root={fmnist}", "train.max_steps=1", f"run_dir={run_dir}")
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        Trainer(cfg, init_distributed("cpu"))
+    # an empty directory is fine
+    (run_dir / "metrics.jsonl").unlink()
+    assert Trainer(cfg, init_distributed("cpu")).fit()["steps"] == 1
+
+
+def _compose(*overrides: str) -> Config:
+    with initialize_config_module("dgc.conf", version_base="1.3"):
+        return OmegaConf.to_object(compose("config", overrides=list(overrides)))  # type: ignore[return-value]
+
+
+# -- learning-rate schedules ---------------------------------------------------------------
+
+
+def _lr_config(**optim) -> Config:
+    cfg = Config()
+    cfg.train.epochs = 10
+    for k, v in optim.items():
+        setattr(cfg.optim, k, v)
+    return cfg
+
+
+def test_learning_rate_warmup_is_linear():
+    cfg = _lr_config(warmup_epochs=2, schedule="constant")
+    rates = [learning_rate(cfg, 0.4, e) for e in (0.0, 0.5, 1.0, 1.5)]
+    steps = [b - a for a, b in zip(rates, rates[1:])]
+    assert steps == pytest.approx([0.1, 0.1, 0.1], rel=1e-9)
+    assert 0 < rates[0] < 1e-3
+    assert learning_rate(cfg, 0.4, 1.999) == pytest.approx(0.4, rel=1e-3)
+    assert learning_rate(cfg, 0.4, 2.0) == 0.4 == learning_rate(cfg, 0.4, 9.0)
+
+
+def test_learning_rate_cosine():
+    cfg = _lr_config(warmup_epochs=2, schedule="cosine")
+    assert learning_rate(cfg, 0.4, 2.0) == pytest.approx(0.4)
+    assert learning_rate(cfg, 0.4, 6.0) == pytest.approx(0.2)  # half way through the 8 epochs after warm-up
+    assert learning_rate(cfg, 0.4, 9.99) < 1e-5
+    assert learning_rate(cfg, 0.4, 10.0) == pytest.approx(0.0, abs=1e-12)
+    rates = [learning_rate(cfg, 0.4, 2 + e / 10) for e in range(81)]
+    assert all(x > y for x, y in zip(rates, rates[1:]))
+
+
+def test_learning_rate_multistep():
+    cfg = _lr_config(warmup_epochs=1, schedule="multistep", milestones=[3, 6], gamma=0.1)
+    assert learning_rate(cfg, 0.4, 0.5) == pytest.approx(0.4 * 0.501)
+    assert learning_rate(cfg, 0.4, 2.99) == 0.4
+    assert learning_rate(cfg, 0.4, 3.0) == pytest.approx(0.04)
+    assert learning_rate(cfg, 0.4, 5.99) == pytest.approx(0.04)
+    assert learning_rate(cfg, 0.4, 6.0) == pytest.approx(0.004)
+    assert learning_rate(cfg, 0.4, 9.0) == pytest.approx(0.004)
+
+
+# -- Weights & Biases, offline -------------------------------------------------------------
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (pip install wandb)")
+def test_wandb_offline(fmnist, tmp_path):
+    run_dir = tmp_path / "r"
+    cwd = tmp_path / "cwd"
+    home = tmp_path / "home"
+    env = {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONFIG_DIR": str(home / "config"),
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_DATA_DIR": str(home / "data"),
+    }
+    args = [*TINY, f"data.root={fmnist}", "logger=wandb", "train.max_steps=2", "train.log_every=1"]
+    out = cli([*args, f"run_dir={run_dir}"], cwd, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs
+    (log,) = runs[0].glob("run-*.wandb")
+    assert log.stat().st_size > 0
+    assert os.listdir(cwd) == []  # nothing under the working directory (no ./wandb)
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    assert saved.logger.wandb is True and saved.logger.mode == "offline"
