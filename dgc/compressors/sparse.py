@@ -20,6 +20,7 @@ from dgc.schedule import DensitySchedule
 from dgc.select import (
     Candidates,
     Scratch,
+    SelectInfo,
     adapt_threshold,
     candidate_capacity,
     exact_topk,
@@ -323,6 +324,18 @@ class DGC(SparseCompressor):
             return None
         return threshold
 
+    def _sample_select(self, v: torch.Tensor, density: float) -> tuple[torch.Tensor, SelectInfo]:
+        """The paper's selection on an accumulator that is already up to date."""
+        return sampled_select(
+            v,
+            density,
+            sample_ratio=self.sample_ratio,
+            lower_bound=self.lower_bound,
+            max_adaptations=self.max_adaptations,
+            generator=self.generator,
+            scratch=self.scratch,
+        )
+
     def select(self, item: Item, density: float, phases: Phases) -> tuple[torch.Tensor, torch.Tensor]:
         n = item.grad.numel()
         k = target_count(n, density)
@@ -346,15 +359,7 @@ class DGC(SparseCompressor):
                 self.thresholds[item.name][1] += 1
                 phases.counters["threshold_reused"] += 1
             else:  # out of bounds: sample again, on the updated v
-                idx, info = sampled_select(
-                    v,
-                    density,
-                    sample_ratio=self.sample_ratio,
-                    lower_bound=self.lower_bound,
-                    max_adaptations=self.max_adaptations,
-                    generator=self.generator,
-                    scratch=self.scratch,
-                )
+                idx, info = self._sample_select(v, density)
         elif plan is not None and self._fused_state(item) is not None:
             # sample the entries step 1 is about to produce, so that the comparison with the
             # sampled threshold can share step 1's pass (the same selection as sampling after it).
@@ -376,15 +381,7 @@ class DGC(SparseCompressor):
             idx, info = finish(v, k, found, threshold, adaptations)
         else:
             v, _ = self.accumulate_count(item, None, capacity)
-            idx, info = sampled_select(
-                v,
-                density,
-                sample_ratio=self.sample_ratio,
-                lower_bound=self.lower_bound,
-                max_adaptations=self.max_adaptations,
-                generator=self.generator,
-                scratch=self.scratch,
-            )
+            idx, info = self._sample_select(v, density)
         assert idx is not None and info is not None
         if not info.reused:
             phases.counters["adaptations"] += info.adaptations
