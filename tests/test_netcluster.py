@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,10 +64,16 @@ def test_not_root_says_so_in_one_line() -> None:
         python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
         if python is None:
             pytest.skip("no system python3 that user nobody can run")
-        proc = subprocess.run(
-            [python, str(SCRIPT), "--nodes", "2", "--", "true"],
-            capture_output=True, text=True, timeout=60, cwd="/", user=65534, group=65534,
-        )  # fmt: skip
+        # a copy that user nobody can read: the checkout may sit in a directory only root can enter
+        with tempfile.TemporaryDirectory() as tmp:
+            os.chmod(tmp, 0o755)
+            script = Path(tmp) / SCRIPT.name
+            shutil.copyfile(SCRIPT, script)
+            os.chmod(script, 0o644)
+            proc = subprocess.run(
+                [python, str(script), "--nodes", "2", "--", "true"],
+                capture_output=True, text=True, timeout=60, cwd="/", user=65534, group=65534,
+            )  # fmt: skip
     else:
         proc = netcluster("--nodes", "2", "--", "true")
     assert proc.returncode != 0
