@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", default="none,dgc", help="comma-separated compressors (default: none,dgc)")
     p.add_argument("--workers", type=int, default=4, help="torchrun processes (default: 4)")
     p.add_argument("--epochs", type=float, default=4.0, help="epochs per run (default: 4)")
-    p.add_argument("--warmup", type=float, default=0.5, help="DGC density warm-up in epochs (default: 0.5)")
+    p.add_argument("--warmup", type=float, default=1.0, help="DGC density warm-up in epochs (default: 1)")
     p.add_argument("--out", default="results/demo", help="output directory (default: results/demo)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("extra", nargs="*", help="further dgc.train overrides, e.g. data.limit=6000")
