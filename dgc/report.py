@@ -282,23 +282,32 @@ def _groups(table: Table) -> list[str]:
     return list(dict.fromkeys(r.group for r in table.rows))
 
 
+def _panels(count: int):  # noqa: ANN202 - matplotlib figure and axes
+    """A row of ``count`` plot panels on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, count, figsize=(5.5 * count, 4), squeeze=False)
+
+
 def _png(fig) -> bytes:
+    """The figure as PNG bytes; the figure is closed."""
+    import matplotlib.pyplot as plt
+
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
     return buf.getvalue()
 
 
 def plot_steps(table: Table, runs: list[Run]) -> bytes:
     """The headline metric at each evaluation against the step, one panel per group, one line per method;
     the paper's final value as a dashed line in the same colour."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     groups = _groups(table)
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    fig, axes = _panels(len(groups))
     for ax, group in zip(axes[0], groups):
         group_runs = [r for r in runs if r.row.group == group]
         metric = group_runs[0].headline if group_runs else HEADLINE["image"]
@@ -316,20 +325,13 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
         if group_runs:
             ax.legend(fontsize=7)
     fig.suptitle(table.title, fontsize=10)
-    data = _png(fig)
-    plt.close(fig)
-    return data
+    return _png(fig)
 
 
 def plot_ratio(table: Table, runs: list[Run]) -> bytes:
     """The headline metric against the compression ratio (log): ours filled, the paper's hollow."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     groups = _groups(table)
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    fig, axes = _panels(len(groups))
     for ax, group in zip(axes[0], groups):
         group_runs = [r for r in runs if r.row.group == group]
         metric = group_runs[0].headline if group_runs else HEADLINE["image"]
@@ -350,9 +352,7 @@ def plot_ratio(table: Table, runs: list[Run]) -> bytes:
         if ax.collections:
             ax.legend(fontsize=7)
     fig.suptitle(table.title, fontsize=10)
-    data = _png(fig)
-    plt.close(fig)
-    return data
+    return _png(fig)
 
 
 # -- entry point ---------------------------------------------------------------------------------------

@@ -60,16 +60,8 @@ class LSTMLanguageModel(nn.Module):
         return self.decoder(self.drop(out)), hidden
 
 
-def lstm_lm(
-    vocab_size: int,
-    embed: int = 1500,
-    hidden: int = 1500,
-    layers: int = 2,
-    dropout: float = 0.65,
-    tied: bool = True,
-    init_range: float = 0.1,
-) -> nn.Module:
-    return LSTMLanguageModel(vocab_size, embed, hidden, layers, dropout, tied, init_range)
+#: registered as model ``lstm_lm`` (``build_model`` checks arguments against ``__init__``)
+lstm_lm = LSTMLanguageModel
 
 
 # -- DeepSpeech ------------------------------------------------------------------------------
@@ -168,13 +160,5 @@ class DeepSpeech(nn.Module):
         return F.log_softmax(logits, dim=-1), out_lengths
 
 
-def deepspeech(
-    n_feats: int,
-    num_classes: int,
-    rnn_type: str = "lstm",
-    hidden: int = 800,
-    layers: int = 5,
-    bidirectional: bool = True,
-    conv_channels: int = 32,
-) -> nn.Module:
-    return DeepSpeech(n_feats, num_classes, rnn_type, hidden, layers, bidirectional, conv_channels)
+#: registered as model ``deepspeech``
+deepspeech = DeepSpeech
