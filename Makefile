@@ -86,10 +86,10 @@ table4-librispeech: install ## Table 4 (GPU cluster): LibriSpeech DeepSpeech 7 x
 figure-ablation: install ## ablation (GPU cluster): ResNet-110 CIFAR-10 and AN4 with each DGC technique off in turn
 	$(SWEEP) $@
 
-cpu-fmnist: install ## CPU analog of Table 2: fmnist_resnet20, 4 workers, none / topk / dgc (~1 h on 2 cores)
+cpu-fmnist: install ## CPU analog of Table 2: fmnist_resnet20, 4 workers, none / topk / dgc, 5 epochs (~25 min on 2 cores)
 	$(CPU_SWEEP) $@
 
-cpu-ablation: install ## CPU ablation: fmnist_resnet20 DGC with momentum correction / masking / clipping / warm-up off (~40 min)
+cpu-ablation: install ## CPU ablation: fmnist_resnet20 DGC with momentum correction / masking / clipping / warm-up off (~30 min)
 	$(CPU_SWEEP) $@
 
 cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 4 workers, none / dgc

@@ -98,7 +98,7 @@ class CompressionConfig:
     warm_start: bool | None = None
     clip_sigma: float | None = None
     seed: int | None = None
-    #: local gradient clipping (before the N**-0.5 scaling); null: off
+    #: local gradient clipping: the clip of the averaged gradient; each worker clips at clip_norm * N**0.5; null: off
     clip_norm: float | None = None
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     #: exchange through DDP's communication hook instead of the library path

@@ -8,12 +8,18 @@ Used two ways, with the same arithmetic:
 Per step, over all gradients of the step:
 
 1. **local gradient clipping** (``clip_norm``): the local gradient of this worker
-   is scaled so its global L2 norm is at most ``clip_norm * N**-0.5``. It happens
+   is scaled so its global L2 norm is at most ``clip_norm * N**0.5``. It happens
    here, before anything is accumulated, because DGC's residuals would otherwise
    hold unclipped gradients for hundreds of steps; it needs no communication, so
-   it does not wait for other workers. Each worker's share is ``N**-0.5`` of the
-   clip because the sum of N independent gradients of norm c/sqrt(N) has norm
-   about c.
+   it does not wait for other workers. ``clip_norm`` is the dense run's clip of
+   the *averaged* gradient (what ``clip_grad_norm_`` gets after an allreduce): N
+   independent local gradients of norm c*sqrt(N) average to norm about c. This is
+   the paper's rule translated: it writes a worker's contribution as 1/N of its
+   gradient, summed over workers, and clips that at N**-0.5 of the global
+   threshold; on the worker's own (mean) gradient that is c * N**0.5. The
+   literal ``c * N**-0.5`` on the mean gradient clips N times harder than the
+   dense run (measured on kjv_lstm, 2 workers, DGC at density 1: ppl 122.6
+   against the dense run's 113.6).
 2. **weight decay** for tensors whose momentum the compressor keeps (DGC with
    momentum correction): ``g += wd * w`` locally, so it enters the momentum like
    in ``torch.optim.SGD``. Other tensors get weight decay in the optimizer after
@@ -109,7 +115,7 @@ class GradientSync:
         model: a module, or an iterable of ``(name, parameter)``; names key the state.
         compressor: from :func:`dgc.build_compressor`.
         policy: which tensors are compressed (ignored by dense compressors).
-        clip_norm: local gradient clipping threshold before the ``N**-0.5`` scaling; None: off.
+        clip_norm: the clip of the averaged gradient; each worker clips its own at ``clip_norm * N**0.5``; None: off.
         group: process group (None: the default group, or a single process).
         timing: time the phases (on CUDA this synchronizes the device at phase boundaries).
     """
@@ -226,7 +232,7 @@ class GradientSync:
     def _clip(self, grads: list[torch.Tensor]) -> None:
         if self.clip_norm is None or not grads:
             return
-        limit = self.clip_norm * self.world_size**-0.5
+        limit = self.clip_norm * self.world_size**0.5
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         scale = torch.clamp(limit / (norm + 1e-6), max=1.0)
         torch._foreach_mul_(grads, scale)

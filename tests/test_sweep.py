@@ -39,9 +39,9 @@ def test_every_row_composes():
 def test_ablation_rows_switch_one_technique_off():
     with initialize_config_module("dgc.conf", version_base="1.3"):
         cfg = {r.key: compose("config", overrides=r.train_overrides()) for r in get_table("cpu-ablation").rows}
-    assert cfg["dgc"].compression.clip_norm == 5 and cfg["dgc"].compression.momentum_correction
+    assert cfg["dgc"].compression.clip_norm == 1.25 and cfg["dgc"].compression.momentum_correction
     assert cfg["dgc-no-clip"].compression.clip_norm is None
-    assert not cfg["dgc-no-mc"].compression.momentum_correction and cfg["dgc-no-mc"].compression.clip_norm == 5
+    assert not cfg["dgc-no-mc"].compression.momentum_correction and cfg["dgc-no-mc"].compression.clip_norm == 1.25
     assert not cfg["dgc-no-mask"].compression.momentum_masking
     assert cfg["dgc-no-warmup"].compression.warmup_epochs == 0 and cfg["dgc"].compression.warmup_epochs == 0.5
 
@@ -52,7 +52,7 @@ def test_overrides_each_key_once_last_wins():
         ["cpu-ablation", "--data-root", "fmnist=/d/f", "--data-root", "fm=/x", "compression.clip_norm=9"]
     )
     out = sweep.train_overrides(row, sweep.extra_overrides(row, args), Path("r/d"))
-    assert out.count("compression.clip_norm=9") == 1 and not any(o == "compression.clip_norm=5" for o in out)
+    assert out.count("compression.clip_norm=9") == 1 and not any(o == "compression.clip_norm=1.25" for o in out)
     assert "data.root=/d/f" in out and "data.root=/x" not in out
     assert out[-1] == "run_dir=r/d"
 

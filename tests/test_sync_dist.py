@@ -142,6 +142,34 @@ def test_uneven_counts_exchange_correctly() -> None:
             assert len(set(lengths)) > 1, "the test must exercise different message sizes"
 
 
+# -- local clipping: clip_norm is the clip of the averaged gradient ---------------------------
+
+
+def _local_clip(rank: int, world: int) -> dict:
+    # one 1-D parameter of 4 * world entries; rank r's local gradient is 10 on its own block of 4
+    # entries (norm 20, far above the clip) and 0 elsewhere, so the gradients are orthogonal
+    out = {}
+    for shared in (False, True):
+        model = torch.nn.Linear(1, 4 * world, bias=False)
+        sync = dgc.GradientSync(model, dgc.build_compressor("none"), clip_norm=0.5)
+        grad = torch.zeros_like(model.weight)
+        block = slice(0, 4) if shared else slice(4 * rank, 4 * rank + 4)
+        grad[block] = 10.0
+        model.weight.grad = grad
+        sync.step()
+        out["shared" if shared else "orthogonal"] = float(model.weight.grad.norm())
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_local_clipping_keeps_the_average_at_the_dense_clip(world: int) -> None:
+    # each worker clips its own gradient at 0.5 * sqrt(N): N orthogonal clipped gradients average
+    # to exactly the dense run's clip 0.5, and N identical ones to 0.5 * sqrt(N)
+    for out in run(_local_clip, world):
+        assert out["orthogonal"] == pytest.approx(0.5, rel=1e-5)
+        assert out["shared"] == pytest.approx(0.5 * world**0.5, rel=1e-5)
+
+
 # -- the other compressors keep every rank identical and train ------------------------------
 
 
