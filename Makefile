@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Debian packages holding the offline data sets (installed when root with apt)
 DEB_DATA := dataset-fashion-mnist bible-kjv-text bible-kjv espeak-ng pocketsphinx-testdata
 
-.PHONY: help install demo data test test-all lint format bench clean
+.PHONY: help install demo data test test-all lint format bench bench-cluster clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -49,6 +49,20 @@ format: ## apply ruff fixes and formatting
 bench: install ## selection and wire-size benchmarks, JSON under results/bench/
 	$(PY) -m dgc.bench select
 	$(PY) -m dgc.bench wire --model resnet50
+
+CLUSTER := $(PY) -m dgc.bench cluster
+RN50 := --model resnet50 --steps 7
+bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/performance.md and the cost model, ~10 min
+	@[ "$$(id -u)" = 0 ] || { echo "bench-cluster: needs root (network namespaces, tc); run: sudo make bench-cluster"; exit 1; }
+	$(CLUSTER) --nodes 4 $(RN50) --methods none,fp16,powersgd,topk,dgc,dgc_compact
+	$(CLUSTER) --nodes 2 $(RN50) --methods none,fp16,dgc,dgc_compact --out results/bench/cluster_n2.json
+	$(CLUSTER) --nodes 8 $(RN50) --methods none,fp16,dgc,dgc_compact --out results/bench/cluster_n8.json
+	$(CLUSTER) --nodes 4 --model alexnet --steps 5 --methods none,fp16,powersgd,dgc,dgc_compact \
+	  --out results/bench/cluster_alexnet.json
+	$(CLUSTER) --nodes 4 --model lstm --steps 5 --methods none,fp16,powersgd,dgc,dgc_compact \
+	  --out results/bench/cluster_lstm.json
+	$(CLUSTER) --e2e --nodes 4 --steps 8 --batch-size 32
+	$(PY) -m dgc.costmodel results/bench/cluster_n2.json results/bench/cluster.json results/bench/cluster_n8.json
 
 clean: ## remove caches (keeps .venv and results/)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info
