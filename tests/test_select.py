@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgc.select import Scratch, exact_topk, mask_positions, sampled_select, target_count
+from dgc.select import Scratch, exact_topk, keep_largest, mask_positions, sampled_select, target_count
 
 
 def _distribution(name: str, n: int, seed: int) -> torch.Tensor:
@@ -133,6 +133,17 @@ def test_near_target_keeps_largest_not_lowest_index():
     assert info.adaptations == 1
     assert info.candidates == 120
     assert torch.equal(idx, pos[-100:])
+
+
+@pytest.mark.parametrize("k", [1, 300, 499, 500, 501, 700, 999, 1000, 1200])
+def test_keep_largest_keeps_the_k_largest_in_ascending_order(k):
+    # both ways: a top-k of the candidates (many too many) and dropping the few smallest (few too many)
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(5000, generator=gen)
+    idx = torch.sort(torch.randperm(5000, generator=gen)[:1000]).values
+    got = keep_largest(x, idx, k)
+    want = idx[torch.topk(x[idx].abs(), min(k, 1000)).indices].sort().values
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("dist", ("normal", "heavy", "constant", "sparse"))
