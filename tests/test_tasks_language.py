@@ -91,6 +91,9 @@ def test_ptb_lstm_config_is_the_papers_setup():
     # DGC: 1 warm-up epoch of 40, local clipping at the dense clip
     assert cfg.compression.warmup_epochs == 1 and cfg.compression.clip_norm == 0.25
     assert config("task=ptb_lstm").compression.clip_norm is None
+    # the CPU stand-in: 2 of its 6 epochs of warm-up, the same local clip as its dense clip
+    kjv = config("task=kjv_lstm", "compression=dgc")
+    assert kjv.compression.warmup_epochs == 2 and kjv.compression.clip_norm == kjv.optim.grad_clip == 0.25
 
 
 def test_ptb_model_has_the_papers_gradient_size():
