@@ -328,6 +328,12 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
     return _png(fig)
 
 
+def paper_ratio_of(row: Row) -> float | None:
+    """Where the paper's point of a row goes on the ratio axis: its ratio, 1 for a dense run, else None
+    (Table 2 gives no ratio for its sparse rows: those are left out rather than drawn at 1x)."""
+    return row.paper.ratio or (1.0 if row.compression == "none" else None)
+
+
 def plot_ratio(table: Table, runs: list[Run]) -> bytes:
     """The headline metric against the compression ratio (log): ours filled, the paper's hollow."""
     groups = _groups(table)
@@ -341,8 +347,9 @@ def plot_ratio(table: Table, runs: list[Run]) -> bytes:
             if ratio is not None and run.metric(metric) is not None:
                 ax.scatter([ratio], [run.metric(metric)], color=color, label=f"{run.row.method} (ours)")
             paper = run.row.paper
-            if metric in paper.metrics:
-                ax.scatter([paper.ratio or 1.0], [paper.metrics[metric]], facecolors="none", edgecolors=color,
+            paper_ratio = paper_ratio_of(run.row)
+            if metric in paper.metrics and paper_ratio is not None:
+                ax.scatter([paper_ratio], [paper.metrics[metric]], facecolors="none", edgecolors=color,
                            label=f"{run.row.method} (paper)")  # fmt: skip
         ax.set_xscale("log")
         label, higher = METRICS.get(metric, (metric, True))

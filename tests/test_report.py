@@ -195,3 +195,12 @@ def test_list_names_every_table(capsys):
 def test_cli_wants_a_table_or_run_dirs(capsys):
     code, _, err = run_report([], capsys)
     assert code == 2 and "either --table NAME or run directories" in err
+
+
+def test_the_papers_point_sits_at_its_ratio_or_is_left_out():
+    rows = {r.key: r for r in get_table("cpu-fmnist").rows}
+    assert report.paper_ratio_of(rows["none"]) == 1.0
+    # the paper's Table 2 gives no ratio for its sparse rows: not drawn at 1x
+    assert report.paper_ratio_of(rows["dgc"]) is None and report.paper_ratio_of(rows["topk"]) is None
+    alexnet = {r.key: r for r in get_table("table3-imagenet").rows}
+    assert report.paper_ratio_of(alexnet["alexnet-dgc"]) == 597
