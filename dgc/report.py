@@ -311,6 +311,7 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
     for ax, group in zip(axes[0], groups):
         group_runs = [r for r in runs if r.row.group == group]
         metric = group_runs[0].headline if group_runs else HEADLINE["image"]
+        dashed = False
         for run in group_runs:
             points = [(e["step"], e[metric]) for e in run.evals if isinstance(e.get(metric), int | float)]
             if not points and run.metric(metric) is not None:
@@ -318,9 +319,10 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
             (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=run.row.method)
             if metric in run.row.paper.metrics:
                 ax.axhline(run.row.paper.metrics[metric], ls="--", lw=0.8, color=line.get_color())
+                dashed = True
         label, higher = METRICS.get(metric, (metric, True))
-        ax.set(xlabel="step", ylabel=label, title=f"{group}\n({'higher' if higher else 'lower'} is better; "
-               "dashed: paper)")  # fmt: skip
+        legend = f"{'higher' if higher else 'lower'} is better" + ("; dashed: paper" if dashed else "")
+        ax.set(xlabel="step", ylabel=label, title=f"{group}\n({legend})")
         ax.grid(alpha=0.3)
         if group_runs:
             ax.legend(fontsize=7)
