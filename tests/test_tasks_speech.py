@@ -228,6 +228,12 @@ def test_an4_deepspeech_trains_two_steps_with_dgc(tmp_path):
     assert math.isfinite(summary["metrics"]["loss"]) and "wer" in summary["metrics"]
 
 
+def test_synth_deepspeech_dgc_settings():
+    # the CPU stand-in's DGC: 3 of 20 warm-up epochs, local clipping tighter than its dense clip of 400
+    cfg = config("task=synth_deepspeech", "compression=dgc")
+    assert cfg.compression.warmup_epochs == 3 and cfg.compression.clip_norm == 100 and cfg.optim.grad_clip == 400
+
+
 def test_losses_fall_on_a_tiny_corpus(tmp_path):
     root = write_librispeech(tmp_path / "libri", {"train": 8, "test": 2})
     cfg = config(
