@@ -22,6 +22,7 @@ import glob
 import io
 import json
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -303,6 +304,12 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _title(fig: Any, title: str) -> None:
+    """The table's title over the panels, wrapped to the figure's width (a long title would be cut off)."""
+    width = max(40, int(fig.get_figwidth() * 11))
+    fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=10)
+
+
 def plot_steps(table: Table, runs: list[Run]) -> bytes:
     """The headline metric at each evaluation against the step, one panel per group, one line per method;
     the paper's final value as a dashed line in the same colour."""
@@ -326,7 +333,7 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
         ax.grid(alpha=0.3)
         if group_runs:
             ax.legend(fontsize=7)
-    fig.suptitle(table.title, fontsize=10)
+    _title(fig, table.title)
     return _png(fig)
 
 
@@ -360,7 +367,7 @@ def plot_ratio(table: Table, runs: list[Run]) -> bytes:
         ax.grid(alpha=0.3, which="both")
         if ax.collections:
             ax.legend(fontsize=7)
-    fig.suptitle(table.title, fontsize=10)
+    _title(fig, table.title)
     return _png(fig)
 
 
