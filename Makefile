@@ -106,8 +106,8 @@ cpu-fmnist: install ## CPU analog of Table 2: fmnist_resnet20, 4 workers, none /
 cpu-ablation: install ## CPU ablation: fmnist_resnet20 DGC with momentum correction / masking / clipping / warm-up off (~30 min)
 	$(CPU_SWEEP) $@
 
-cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 4 workers, none / dgc
+cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 4 workers, none / dgc (~25 min)
 	$(CPU_SWEEP) $@
 
-cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 4 workers, none / dgc
+cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 4 workers, none / dgc (~20 min)
 	$(CPU_SWEEP) $@
