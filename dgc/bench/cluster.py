@@ -375,6 +375,14 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
         "model": args.model,
         "numel": total,
         "tensors": len(params),
+        **_setup(args, info),
+        "methods": summary,
+    }
+
+
+def _setup(args: argparse.Namespace, info) -> dict[str, Any]:  # noqa: ANN001
+    """The fields both modes record about how they ran."""
+    return {
         "nodes": info.world_size,
         "rate": args.rate,
         "threads_per_rank": args.threads,
@@ -382,7 +390,6 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
         "steps": args.steps,
         "warmup": args.warmup,
         "seed": args.seed,
-        "methods": summary,
     }
 
 
@@ -470,13 +477,7 @@ def run_e2e(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any
         "model": "bench_fmnist_wide (conv 1-64-128, fc 6272-2048-2048-10)",
         "numel": numel,
         "batch_size_per_rank": args.batch_size,
-        "nodes": info.world_size,
-        "rate": args.rate,
-        "threads_per_rank": args.threads,
-        "cores": os.cpu_count(),
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "seed": args.seed,
+        **_setup(args, info),
         "methods": summary,
     }
 
