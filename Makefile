@@ -83,7 +83,7 @@ DATA_ROOTS := --data-root cifar10=$(CIFAR_ROOT) --data-root imagenet=$(IMAGENET_
 SWEEP := $(PY) -m dgc.sweep --launcher $(LAUNCHER) $(DATA_ROOTS) $(SWEEP_ARGS)
 CPU_SWEEP := $(PY) -m dgc.sweep --launcher local $(SWEEP_ARGS)
 
-.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech
+.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-compact
 
 table2-cifar: install ## Table 2 (GPU cluster): ResNet-110 CIFAR-10 on 4/8/16/32 GPUs, baseline / Gradient Dropping / DGC
 	$(SWEEP) $@
@@ -110,4 +110,7 @@ cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 4 workers, none / dgc
 	$(CPU_SWEEP) $@
 
 cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 4 workers, none / dgc (~20 min)
+	$(CPU_SWEEP) $@
+
+cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as in make demo, 4 seeds x 3 formats (~80 min)
 	$(CPU_SWEEP) $@

@@ -45,13 +45,27 @@ def test_every_task_with_every_compressor(task, compression):
     cfg = compose_config(f"task={task}", f"compression={compression}")
     assert isinstance(cfg, Config)
     assert cfg.task.name == task
-    assert cfg.compression.name == compression
+    # a preset is named after its compressor, or after it with a suffix (dgc_compact)
+    assert cfg.compression.name == compression.split("_")[0] and cfg.compression.name in dgc.COMPRESSORS
     # the compressor builds from its options, and the model arguments are ones the builder takes
     compressor = dgc.build_compressor(cfg.compression.name, **cfg.compression.compressor_options())
-    assert compressor.name == compression
+    assert compressor.name == cfg.compression.name
+    dgc.Policy(**vars(cfg.compression.policy))
     assert cfg.model.name in MODELS
     assert set(cfg.model.args) <= set(inspect.signature(MODELS[cfg.model.name]).parameters)
     assert cfg.train.epochs > 0 and cfg.train.batch_size >= 1 and cfg.optim.lr > 0
+
+
+def test_compact_preset_is_the_benchmarked_compact_format():
+    from dgc.bench.common import COMPACT_OPTIONS, COMPACT_POLICY
+
+    cfg = compose_config("task=fmnist_resnet20", "compression=dgc_compact")
+    assert cfg.compression.name == "dgc" and cfg.compression.density == 0.001
+    assert {k: getattr(cfg.compression, k) for k in COMPACT_OPTIONS} == COMPACT_OPTIONS
+    assert vars(cfg.compression.policy) == COMPACT_POLICY
+    # everything else is the dgc preset's: the task's warm-up and local clipping still apply
+    assert cfg.compression.warmup_epochs == cfg.task.compression_warmup_epochs
+    assert cfg.compression.clip_norm == cfg.task.local_clip_norm
 
 
 @pytest.mark.parametrize("task", TASKS)

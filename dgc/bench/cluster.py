@@ -57,7 +57,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from dgc.bench.common import BenchError, emit, int_arg, log, positive_int_arg, run_info, write_json_atomic
+from dgc.bench.common import (
+    COMPACT_ALL_POLICY,
+    COMPACT_OPTIONS,
+    COMPACT_POLICY,
+    BenchError,
+    emit,
+    int_arg,
+    log,
+    positive_int_arg,
+    run_info,
+    write_json_atomic,
+)
 
 NETCLUSTER = Path(__file__).resolve().parents[2] / "launch" / "netcluster.py"
 MODELS = ("resnet50", "alexnet", "lstm", "tiny")
@@ -80,7 +91,8 @@ METHODS: dict[str, Method] = {
     "topk": Method("topk", {"density": 0.001}),
     "dgc": Method("dgc", {"density": 0.001}),
     "dgc_fp16": Method("dgc", {"density": 0.001, "wire_values": "fp16"}),
-    "dgc_compact": Method("dgc", {"density": 0.001, "wire_values": "fp16", "wire_indices": "rice"}, {"min_ndim": 1}),
+    "dgc_compact": Method("dgc", {"density": 0.001, **COMPACT_OPTIONS}, dict(COMPACT_POLICY)),
+    "dgc_compact_all": Method("dgc", {"density": 0.001, **COMPACT_OPTIONS}, dict(COMPACT_ALL_POLICY)),
 }
 #: end-to-end methods: "local" is the no-communication reference
 E2E_METHODS = ("local", *METHODS)

@@ -17,6 +17,13 @@ from typing import Any, NoReturn
 
 import torch
 
+#: the compact configuration (conf/compression/dgc_compact.yaml says the same): fp16 values and
+#: Rice-coded index gaps for DGC, every tensor of more than 64 values sparse (BatchNorm and biases
+#: too), the smaller ones averaged dense in fp16; ``COMPACT_ALL_POLICY`` makes every tensor sparse
+COMPACT_OPTIONS: dict[str, Any] = {"wire_values": "fp16", "wire_indices": "rice"}
+COMPACT_POLICY: dict[str, Any] = {"min_ndim": 1, "min_numel": 65, "dense_values": "fp16"}
+COMPACT_ALL_POLICY: dict[str, Any] = {"min_ndim": 1}
+
 
 class BenchError(Exception):
     """A problem the user can fix (bad option, missing device): reported in one line, exit status 2."""
