@@ -46,7 +46,11 @@ from dgc.comm import Comm
 from dgc.compressors import Compressor
 from dgc.compressors.base import Item
 from dgc.compressors.dense import DENSE_DTYPES, allreduce_dense
+from dgc.compressors.onebit import OneBit
 from dgc.timing import Phases
+
+#: how the tensors the policy leaves dense are exchanged
+DENSE_VALUES = (*DENSE_DTYPES, "1bit")
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class Policy:
 
     The default is the paper's: weights of convolutions and linear layers
     (dim > 1) compressed; biases and BatchNorm parameters sent dense, in
-    ``dense_values`` (fp32, fp16 or bf16).
+    ``dense_values``: fp32, fp16 or bf16 (an allreduce), or ``1bit`` (signs and
+    one scale per tensor, with error feedback: :mod:`dgc.compressors.onebit`).
     """
 
     min_ndim: int = 2
@@ -65,8 +70,8 @@ class Policy:
     def __post_init__(self) -> None:
         if self.min_ndim < 0 or self.min_numel < 0:
             raise ValueError("policy min_ndim and min_numel must be >= 0")
-        if self.dense_values not in DENSE_DTYPES:
-            raise ValueError(f"policy dense_values must be one of {sorted(DENSE_DTYPES)}, got {self.dense_values!r}")
+        if self.dense_values not in DENSE_VALUES:
+            raise ValueError(f"policy dense_values must be one of {list(DENSE_VALUES)}, got {self.dense_values!r}")
 
     def compresses(self, param: torch.Tensor) -> bool:
         return param.dim() >= self.min_ndim and param.numel() >= self.min_numel
@@ -141,6 +146,11 @@ class GradientSync:
         self.clip_norm = clip_norm
         self.comm = Comm(group)
         self.compressor.bind(self.comm)
+        #: the exchange of the tensors left dense, when it keeps state (1-bit with error feedback)
+        self.dense_compressor: OneBit | None = None
+        if self.policy.dense_values == "1bit" and not compressor.handles_all_tensors:
+            self.dense_compressor = OneBit()
+            self.dense_compressor.bind(self.comm)
         self.timing = timing
         self.optimizer: Hyper | None = None
         self.steps = 0
@@ -194,7 +204,10 @@ class GradientSync:
             for p, g in pairs:
                 item = self._item(p, g)
                 (compressed if self.is_compressed(p) else dense).append(item)
-        allreduce_dense(dense, self.comm, phases, DENSE_DTYPES[self.policy.dense_values])
+        if self.dense_compressor is not None:
+            self.dense_compressor.exchange(dense, self.comm, phases)
+        else:
+            allreduce_dense(dense, self.comm, phases, DENSE_DTYPES.get(self.policy.dense_values, torch.float32))
         self.compressor.exchange(compressed, self.comm, phases)
         traffic = self.comm.reset_traffic()
         self.steps += 1
@@ -240,15 +253,22 @@ class GradientSync:
     # -- state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """This worker's compression state, keyed by parameter name."""
-        return {
+        out = {
             "compressor": self.compressor.state_dict(),
             "steps": self.steps,
             "world_size": self.world_size,
             "rank": self.comm.rank,
         }
+        if self.dense_compressor is not None:
+            out["dense_compressor"] = self.dense_compressor.state_dict()
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.compressor.load_state_dict(state["compressor"])
+        if self.dense_compressor is not None:
+            if "dense_compressor" not in state:
+                raise ValueError("state has no 1-bit residuals: it was saved with another policy.dense_values")
+            self.dense_compressor.load_state_dict(state["dense_compressor"])
         self.steps = int(state["steps"])
 
     def __repr__(self) -> str:
