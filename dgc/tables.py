@@ -182,15 +182,11 @@ COMPACT_SEEDS = (0, 1, 2, 3)
 #: key suffix -> (method, overrides after the demo's)
 COMPACT_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
     "default": ("default format: delta16 indices, BatchNorm/bias dense in fp16", ()),
-    "compact": (
-        "Rice indices, tensors of <= 64 values dense in fp16, the rest sparse",
-        (_RICE, f"{_POLICY}min_ndim=1", f"{_POLICY}min_numel=65", f"{_POLICY}dense_values=fp16"),
-    ),
-    "compact-all": ("Rice indices, every tensor sparse", (_RICE, f"{_POLICY}min_ndim=1")),
     "compact-1bit": (
         "Rice indices, BatchNorm/bias in 1 bit with error feedback",
         (_RICE, f"{_POLICY}dense_values=1bit"),
     ),
+    "compact-all": ("Rice indices, every tensor sparse", (_RICE, f"{_POLICY}min_ndim=1")),
 }
 
 

@@ -62,7 +62,8 @@ def test_compact_preset_is_the_benchmarked_compact_format():
     cfg = compose_config("task=fmnist_resnet20", "compression=dgc_compact")
     assert cfg.compression.name == "dgc" and cfg.compression.density == 0.001
     assert {k: getattr(cfg.compression, k) for k in COMPACT_OPTIONS} == COMPACT_OPTIONS
-    assert vars(cfg.compression.policy) == COMPACT_POLICY
+    assert {k: getattr(cfg.compression.policy, k) for k in COMPACT_POLICY} == COMPACT_POLICY
+    assert cfg.compression.policy.min_ndim == 2  # conv/linear weights sparse, the rest in 1 bit
     # everything else is the dgc preset's: the task's warm-up and local clipping still apply
     assert cfg.compression.warmup_epochs == cfg.task.compression_warmup_epochs
     assert cfg.compression.clip_norm == cfg.task.local_clip_norm

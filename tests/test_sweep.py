@@ -42,20 +42,17 @@ def test_compact_rows_differ_from_the_default_only_in_the_format():
     with initialize_config_module("dgc.conf", version_base="1.3"):
         cfg = {r.key: OmegaConf.to_object(compose("config", overrides=r.train_overrides()))
                for r in get_table("cpu-compact").rows}  # fmt: skip
-    assert len(cfg) == 16
+    assert len(cfg) == 12
     for seed in range(4):
-        default, small16, every, onebit = (
-            cfg[f"s{seed}-{k}"] for k in ("default", "compact", "compact-all", "compact-1bit")
-        )
-        policies = [vars(c.compression.policy) for c in (default, small16, every, onebit)]
+        default, onebit, every = (cfg[f"s{seed}-{k}"] for k in ("default", "compact-1bit", "compact-all"))
+        policies = [vars(c.compression.policy) for c in (default, onebit, every)]
         assert policies == [
             {"min_ndim": 2, "min_numel": 1, "dense_values": "fp16"},
-            {"min_ndim": 1, "min_numel": 65, "dense_values": "fp16"},
-            {"min_ndim": 1, "min_numel": 1, "dense_values": "fp16"},
             {"min_ndim": 2, "min_numel": 1, "dense_values": "1bit"},
+            {"min_ndim": 1, "min_numel": 1, "dense_values": "fp16"},
         ]
         assert default.compression.wire_indices is None  # the compressor's default, delta16
-        for run in (default, small16, every, onebit):
+        for run in (default, onebit, every):
             assert run.seed == seed and run.compression.name == "dgc" and run.compression.wire_values == "fp16"
             assert run.train.epochs == 4 and run.compression.warmup_epochs == 1 and run.compression.density == 0.001
             assert run.compression.wire_indices == (None if run is default else "rice")

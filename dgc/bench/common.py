@@ -17,11 +17,11 @@ from typing import Any, NoReturn
 
 import torch
 
-#: the compact configuration (conf/compression/dgc_compact.yaml says the same): fp16 values and
-#: Rice-coded index gaps for DGC, every tensor of more than 64 values sparse (BatchNorm and biases
-#: too), the smaller ones averaged dense in fp16; ``COMPACT_ALL_POLICY`` makes every tensor sparse
+#: the compact configuration (conf/compression/dgc_compact.yaml says the same): DGC's values in fp16
+#: with Rice-coded index gaps, the tensors it leaves dense (BatchNorm, biases) in 1 bit per value with
+#: error feedback; ``COMPACT_ALL_POLICY`` makes every tensor sparse instead
 COMPACT_OPTIONS: dict[str, Any] = {"wire_values": "fp16", "wire_indices": "rice"}
-COMPACT_POLICY: dict[str, Any] = {"min_ndim": 1, "min_numel": 65, "dense_values": "fp16"}
+COMPACT_POLICY: dict[str, Any] = {"dense_values": "1bit"}
 COMPACT_ALL_POLICY: dict[str, Any] = {"min_ndim": 1}
 
 

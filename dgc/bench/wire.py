@@ -4,9 +4,9 @@ The model (any torchvision classification model, built with ``weights=None``, so
 nothing is downloaded) gives the real parameter shapes. For every compressor in
 :data:`dgc.COMPRESSORS`, plus the variants ``dgc_int32`` (int32 indices),
 ``dgc_fp16`` (fp16 values), ``dgc_rice`` (Rice-coded index gaps) and
-``dgc_compact`` (fp16 values, Rice-coded gaps, every tensor of more than 64 values sparse and
-the smaller ones dense in fp16: policy ``min_ndim=1, min_numel=65, dense_values=fp16``),
-``dgc_compact_all`` (the same with every tensor sparse: policy ``min_ndim=1``), and ``topk`` at the same density, a
+``dgc_compact`` (fp16 values, Rice-coded gaps, and BatchNorm/bias in 1 bit with error feedback:
+policy ``dense_values=1bit``), ``dgc_compact_all`` (fp16 values, Rice-coded gaps, every tensor
+sparse: policy ``min_ndim=1``), and ``topk`` at the same density, a
 :class:`dgc.GradientSync` with the default policy (unless the variant says) and a :class:`dgc.SGD`
 (lr 0.1, momentum 0.9) run ``--steps`` steps in this single process: no process
 group, world size 1, but the compressors still encode and decode their messages
@@ -50,8 +50,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "dgc_int32": ("dgc", {"wire_indices": "int32"}, {}),
     "dgc_fp16": ("dgc", {"wire_values": "fp16"}, {}),
     "dgc_rice": ("dgc", {"wire_indices": "rice"}, {}),
-    # the compact configuration: fp16 values, Rice-coded gaps, BatchNorm and biases sparse too
-    # (sent dense they would cost more than all the sparse values) except tensors of <= 64 values
+    # the compact configuration: fp16 values, Rice-coded gaps, BatchNorm and biases in 1 bit (in
+    # fp32 they would cost more than all the sparse values); or every tensor sparse
     "dgc_compact": ("dgc", dict(COMPACT_OPTIONS), dict(COMPACT_POLICY)),
     "dgc_compact_all": ("dgc", dict(COMPACT_OPTIONS), dict(COMPACT_ALL_POLICY)),
 }
