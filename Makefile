@@ -54,7 +54,7 @@ CLUSTER := $(PY) -m dgc.bench cluster
 RN50 := --model resnet50 --steps 7
 bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/performance.md and the cost model, ~10 min
 	@[ "$$(id -u)" = 0 ] || { echo "bench-cluster: needs root (network namespaces, tc); run: sudo make bench-cluster"; exit 1; }
-	$(CLUSTER) --nodes 4 $(RN50) --methods none,fp16,powersgd,topk,dgc,dgc_compact
+	$(CLUSTER) --nodes 4 $(RN50) --methods none,fp16,powersgd,topk,dgc,dgc_compact,dgc_compact_all
 	$(CLUSTER) --nodes 2 $(RN50) --methods none,fp16,dgc,dgc_compact --out results/bench/cluster_n2.json
 	$(CLUSTER) --nodes 8 $(RN50) --methods none,fp16,dgc,dgc_compact --out results/bench/cluster_n8.json
 	$(CLUSTER) --nodes 4 --model alexnet --steps 5 --methods none,fp16,powersgd,dgc,dgc_compact \
