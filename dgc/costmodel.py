@@ -25,7 +25,7 @@ cluster runs every rank on one machine; a real cluster has contention 1).
 * ``fp16``: the same with 2 bytes/value (and gloo's fp16 summation);
 * ``dgc``: selection and encoding, an allgather of the 8-byte message lengths, an allgather of
   the longest message, decoding and scatter-add of the N messages; the tensors sent dense
-  (BatchNorm, biases) add a small fp32 allreduce;
+  (BatchNorm, biases) add a small fp32 allreduce, or with ``dense_values=1bit`` a small allgather;
 
 Calibration (:func:`calibrate`) on measured runs (``python -m dgc.bench cluster`` at several
 node counts), by least squares on relative errors: each method's CPU seconds per value from its
@@ -95,7 +95,8 @@ class Workload:
 
     numel: int
     sparse_bytes: float  # DGC message per worker and step
-    dense_rest_bytes: float = 0.0  # tensors DGC sends dense (fp32 allreduce)
+    dense_rest_bytes: float = 0.0  # tensors DGC sends dense (an allreduce; an allgather when 1-bit)
+    dense_rest_gather: bool = False  # the dense rest goes by allgather (policy dense_values=1bit)
 
 
 @dataclass
@@ -122,7 +123,9 @@ class CostModel:
             comm = net.allreduce(2 * w.numel, n, fp16=True)
         elif method.startswith("dgc") or method == "topk":
             comm = net.allgather(8, n) + net.allgather(w.sparse_bytes, n)
-            if w.dense_rest_bytes:
+            if w.dense_rest_bytes and w.dense_rest_gather:
+                comm += net.allgather(w.dense_rest_bytes, n)
+            elif w.dense_rest_bytes:
                 comm += net.allreduce(w.dense_rest_bytes, n)
         else:
             raise ValueError(f"no cost model for method {method!r}")
@@ -142,9 +145,13 @@ def _observations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if name not in MODELLED:
                 continue
             dense_rest = message = 0.0
+            gather = False
             if name.startswith("dgc") or name == "topk":
-                # the dense allreduce of the uncompressed tensors: fp32 bytes not handled by the compressor
-                dense_rest = float(row["dense_bytes"] - 4 * row.get("compressed_numel", r["numel"]))
+                if "dense_sent_bytes" in row:  # what the uncompressed tensors took, as measured
+                    dense_rest = float(row["dense_sent_bytes"])
+                    gather = (row.get("policy") or {}).get("dense_values") == "1bit"
+                else:  # older runs: the fp32 allreduce of the values the compressor did not handle
+                    dense_rest = float(row["dense_bytes"] - 4 * row.get("compressed_numel", r["numel"]))
                 # the longest sparse message (gloo pads every message to it)
                 message = float(row.get("sent_bytes_max_rank", row["sent_bytes"])) - dense_rest - 8
             obs.append(
@@ -157,6 +164,7 @@ def _observations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "numel": r["numel"],
                     "message_bytes": message,
                     "dense_rest_bytes": dense_rest,
+                    "dense_rest_gather": gather,
                     "measured": row["exchange_s"],
                     "cpu_measured": row["compress_s"] + row["decompress_s"],
                     "communicate_measured": row["communicate_s"],
@@ -192,7 +200,10 @@ def _net_features(o: dict[str, Any]) -> list[float]:
             reduce16 = size if m == "fp16" else 0.0
         else:
             alpha, beta = 2 * (n - 1), (n - 1) * (8 + o["message_bytes"]) / bw
-            if o["dense_rest_bytes"]:
+            if o["dense_rest_bytes"] and o.get("dense_rest_gather"):
+                alpha += n - 1
+                beta += (n - 1) * o["dense_rest_bytes"] / bw
+            elif o["dense_rest_bytes"]:
                 alpha += 2 * (n - 1)
                 beta += 2 * (n - 1) / n * o["dense_rest_bytes"] / bw
     return [alpha, beta, reduce16]
@@ -382,7 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     workloads = {}
     for o in obs:  # message sizes of the largest run
         if o["nodes"] == ref["nodes"] and o["method"] in ("none", "fp16", "dgc", "dgc_compact"):
-            workloads[o["method"]] = Workload(o["numel"], o["message_bytes"], o["dense_rest_bytes"])
+            workloads[o["method"]] = Workload(
+                o["numel"], o["message_bytes"], o["dense_rest_bytes"], o.get("dense_rest_gather", False)
+            )
     if "dgc_compact" in workloads:
         workloads["dgc_hierarchical"] = workloads["dgc_compact"]
     nodes = [1, 2, 4, 8, 16, 32, 64, 128]

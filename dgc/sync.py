@@ -96,6 +96,8 @@ class StepStats:
     sent_bytes: int  # bytes this worker put into collectives
     recv_bytes: int
     collectives: int
+    #: of ``sent_bytes``, what the tensors the policy leaves dense took (allreduce, or the 1-bit allgather)
+    dense_sent_bytes: int = 0
     values_sent: int = 0
     compressed_numel: int = 0
     compress_s: float = 0.0
@@ -208,6 +210,7 @@ class GradientSync:
             self.dense_compressor.exchange(dense, self.comm, phases)
         else:
             allreduce_dense(dense, self.comm, phases, DENSE_DTYPES.get(self.policy.dense_values, torch.float32))
+        dense_sent = self.comm.traffic.sent
         self.compressor.exchange(compressed, self.comm, phases)
         traffic = self.comm.reset_traffic()
         self.steps += 1
@@ -219,6 +222,7 @@ class GradientSync:
             sent_bytes=traffic.sent,
             recv_bytes=traffic.recv,
             collectives=traffic.collectives,
+            dense_sent_bytes=dense_sent,
             values_sent=phases.counters.get("values_sent", 0),
             compressed_numel=sum(it.grad.numel() for it in compressed),
             compress_s=phases.seconds["compress"],

@@ -67,7 +67,12 @@ def test_error_feedback_loses_nothing_single_process() -> None:
     numels = [p.numel() for _, p in small(model)]
     assert OneBit.message_bytes(numels) == 4 * 4 + (10 + 10 + 10 + 3 + 7) // 8
     # the 1-bit message is part of what the step counts as sent (with the sparse message)
-    assert stats.sent_bytes > OneBit.message_bytes(numels)
+    assert stats.dense_sent_bytes == OneBit.message_bytes(numels) < stats.sent_bytes
+    # with the default policy the same tensors go by an fp32 allreduce
+    plain = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.1))
+    dgc.SGD(model.parameters(), plain, lr=0.1, momentum=0.9)
+    backward(model, 0, 0)
+    assert plain.step().dense_sent_bytes == 4 * sum(numels)
 
 
 def _average(rank: int, world: int) -> dict:

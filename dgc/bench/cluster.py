@@ -373,6 +373,7 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
             policy=METHODS[name].policy,
             sent_bytes=stats.sent_bytes,
             sent_bytes_max_rank=max(g["sent"][name] for g in gathered),
+            dense_sent_bytes=stats.dense_sent_bytes,
             recv_bytes=stats.recv_bytes,
             dense_bytes=stats.dense_bytes,
             wire_ratio=stats.dense_bytes / stats.sent_bytes if stats.sent_bytes else None,
