@@ -501,6 +501,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     methods = list(result["methods"])
     rows = [result["methods"][m] for m in methods]
@@ -526,8 +527,11 @@ def plot(result: dict[str, Any], path: Path) -> Path:
         times = [r["exchange_s"] for r in rows]
         ax.barh(list(y), times, color="tab:blue")
         ax.set_xscale("log")
+        ax.set_xlim(min(times) / 1.5, max(times) * 3)  # room for the labels
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         for i, r in enumerate(rows):
-            speed = f", {r['speedup_vs_none']:.0f}x" if r.get("speedup_vs_none") else ""
+            x = r.get("speedup_vs_none")
+            speed = f", {x:.1f}x" if x and x < 10 else f", {x:.0f}x" if x else ""
             ax.text(r["exchange_s"], i, f"  {r['exchange_s'] * 1e3:.0f} ms{speed}", va="center", fontsize=8)
         ax.set_xlabel("gradient exchange per step, slowest rank (s, log scale)")
         size = f"{result['numel'] / 1e6:.1f}M values"
