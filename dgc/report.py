@@ -146,7 +146,9 @@ def adhoc_runs(patterns: list[str], name: str) -> tuple[Table, list[Run]]:
         rows.append(row)
         runs.append(load_run(row, d))
     metrics = tuple(dict.fromkeys(r.headline for r in runs))
-    table = Table(name, f"Runs: {', '.join(patterns)}", metrics, tuple(rows), "none (any run directories)", False)
+    table = Table(
+        name, f"Runs: {', '.join(patterns)}", metrics, tuple(rows), "Run directories, no paper numbers", False
+    )
     return table, runs
 
 
@@ -227,12 +229,18 @@ def to_csv(records: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
+def has_paper(table: Table) -> bool:
+    """Whether any row has a number from the paper (else the paper columns are left out)."""
+    return any(r.paper.metrics or r.paper.sent_mb or r.paper.ratio for r in table.rows)
+
+
 def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> str:
+    paper = has_paper(table)
     head = ["", "method", "N", "steps"]
     for m in table.metrics:
         label, higher = METRICS.get(m, (m, True))
-        head += [f"{label} paper", f"{label} ours", "Δ paper", "Δ ours"]
-    head += ["MB/step paper", "MB/step ours", "ratio paper", "ratio ours"]
+        head += [f"{label} paper", f"{label} ours", "Δ paper", "Δ ours"] if paper else [label, "Δ"]
+    head += ["MB/step paper", "MB/step ours", "ratio paper", "ratio ours"] if paper else ["MB/step", "ratio"]
     lines = [f"# {table.title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     flagged = False
     group = None
@@ -241,21 +249,25 @@ def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> st
                  str(rec["steps"] if rec["steps"] is not None else "not run")]  # fmt: skip
         group = rec["group"]
         for m in table.metrics:
-            cells += [_fmt(rec[f"paper_{m}"]), _fmt(rec[m])]
-            cells += [_signed(rec[f"paper_delta_{m}"]), _signed(rec[f"delta_{m}"])]
+            if paper:
+                cells += [_fmt(rec[f"paper_{m}"]), _fmt(rec[m])]
+                cells += [_signed(rec[f"paper_delta_{m}"]), _signed(rec[f"delta_{m}"])]
+            else:
+                cells += [_fmt(rec[m]), _signed(rec[f"delta_{m}"])]
         paper_mb = (
             f"{_fmt_mb(rec['paper_dense_mb'])} → {_fmt_mb(rec['paper_sent_mb'])}" if rec["paper_sent_mb"] else "-"
         )
         ours_mb = f"{_fmt_mb(rec['dense_mb'])} → {_fmt_mb(rec['sent_mb'])}" if rec["sent_mb"] is not None else "-"
         ratio = _fmt_ratio(rec["wire_ratio"]) + ("†" if rec["wire_ratio_all_steps"] and rec["wire_ratio"] else "")
         flagged |= bool(rec["wire_ratio_all_steps"] and rec["wire_ratio"])
-        cells += [paper_mb, ours_mb, _fmt_ratio(rec["paper_ratio"]), ratio]
+        cells += [paper_mb, ours_mb, _fmt_ratio(rec["paper_ratio"]), ratio] if paper else [ours_mb, ratio]
         lines.append("| " + " | ".join(cells) + " |")
     directions = ", ".join(f"{METRICS.get(m, (m, True))[0]}: {'higher' if METRICS.get(m, (m, True))[1] else 'lower'}"
                            " is better" for m in table.metrics)  # fmt: skip
     notes = [
         "",
-        f"Paper: {table.source}. {directions}. Δ: difference to the group's reference row{_references(table)}.",
+        f"{'Paper: ' if paper else ''}{table.source}. {directions}. "
+        f"Δ: difference to the group's reference row{_references(table)}.",
         "MB/step: gradient bytes one worker sends per step (MB = 2**20 bytes), dense fp32 size → compressed; ours "
         "counts what went into the collectives (headers, indices and padding included) over the steps after the "
         "compression warm-up; ratio = dense / sent.",
@@ -270,8 +282,11 @@ def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> st
 
 
 def _references(table: Table) -> str:
-    odd = [f"{r.group}: {r.method}" for r in table.rows if r.baseline and r.compression != "none"]
-    return f" (the baseline; {'; '.join(odd)})" if odd else " (the baseline)"
+    refs = [r for r in table.rows if r.baseline]
+    odd = [r for r in refs if r.compression != "none"]
+    if odd and len(odd) == len(refs) > 1 and len({r.method for r in odd}) == 1:
+        return f" (in every group: {odd[0].method})"
+    return f" (the baseline; {'; '.join(f'{r.group}: {r.method}' for r in odd)})" if odd else " (the baseline)"
 
 
 def _signed(value: float | None) -> str:

@@ -98,6 +98,21 @@ def test_table_report_puts_the_paper_beside_ours(tmp_path, capsys):
     assert not list(out.glob(".*.tmp"))
 
 
+def test_a_table_without_paper_numbers_has_no_paper_columns(tmp_path, capsys):
+    fake_table(tmp_path / "runs", "cpu-compact")
+    out = tmp_path / "results"
+    code, _, _ = run_report(
+        ["--table", "cpu-compact", "--runs-root", str(tmp_path / "runs"), "--out", str(out)], capsys
+    )
+    assert code == 0
+    md = (out / "cpu-compact.md").read_text()
+    assert "paper" not in md.split("\n\n")[1].lower()  # the table itself
+    assert "|  | method | N | steps | top-1 % | Δ | MB/step | ratio |" in md
+    # rows 0-2 are seed 0 (default, 1-bit, every tensor sparse): ours 50, 51, 52; Δ to the default
+    assert "| seed 0 | default format" in md and "| 4 | 300 | 51.00 | +1.00 | 1.03 → 0.00229 | 449x |" in md
+    assert "(in every group: default format" in md
+
+
 def test_full_scale_table_with_sizes_and_two_metrics(tmp_path, capsys):
     fake_table(tmp_path / "runs", "table4-librispeech")
     code, _, _ = run_report(
@@ -170,10 +185,11 @@ def test_run_dirs_by_glob_headline_follows_the_kind(tmp_path, capsys):
     code, _, _ = run_report([str(tmp_path / "r" / "*"), "--name", "lm", "--out", str(tmp_path / "o")], capsys)
     assert code == 0
     md = (tmp_path / "o" / "lm.md").read_text()
-    assert "| perplexity paper | perplexity ours |" in md
+    # no paper numbers here: no paper columns
+    assert "|  | method | N | steps | perplexity | Δ | MB/step | ratio |" in md and "Paper:" not in md
     # sorted glob: dgc-a first; its ratio covers all steps (it ended in the warm-up), flagged with †
-    assert "| kjv_lstm | dgc (dgc-a) | 4 | 300 | - | 155.00 | - | +5.00 |" in md and "40x†" in md
-    assert "| none | 4 | 300 | - | 150.00 | - | +0.00 |" in md
+    assert "| kjv_lstm | dgc (dgc-a) | 4 | 300 | 155.00 | +5.00 |" in md and "40x†" in md
+    assert "| none | 4 | 300 | 150.00 | +0.00 |" in md
 
 
 def test_glob_without_match_and_unfinished_dir_are_errors(tmp_path, capsys):
