@@ -52,7 +52,7 @@ bench: install ## selection and wire-size benchmarks, JSON under results/bench/
 
 CLUSTER := $(PY) -m dgc.bench cluster
 RN50 := --model resnet50 --steps 7
-bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/performance.md and the cost model, ~10 min
+bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/performance.md and the cost model, ~5 min
 	@[ "$$(id -u)" = 0 ] || { echo "bench-cluster: needs root (network namespaces, tc); run: sudo make bench-cluster"; exit 1; }
 	$(CLUSTER) --nodes 4 $(RN50) --methods none,fp16,powersgd,topk,dgc,dgc_compact,dgc_compact_all
 	$(CLUSTER) --nodes 2 $(RN50) --methods none,fp16,dgc,dgc_compact --out results/bench/cluster_n2.json
@@ -112,5 +112,5 @@ cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 4 workers, none / dgc
 cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 4 workers, none / dgc (~20 min)
 	$(CPU_SWEEP) $@
 
-cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as in make demo, 4 seeds x 3 formats (~80 min)
+cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as in make demo, 4 seeds x 3 formats (~70 min)
 	$(CPU_SWEEP) $@
