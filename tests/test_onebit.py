@@ -29,6 +29,18 @@ def backward(model: torch.nn.Module, rank: int, step: int) -> None:
     F.cross_entropy(model(x), y).backward()
 
 
+def scaled_sign(x: torch.Tensor) -> torch.Tensor:
+    """What one worker sends for tensor ``x`` (no residual yet): mean |x| times the signs."""
+    return x.abs().mean() * torch.where(x >= 0, 1.0, -1.0)
+
+
+def train(model: torch.nn.Module, sync: dgc.GradientSync, opt: dgc.SGD, rank: int, steps: range) -> None:
+    for step in steps:
+        backward(model, rank, step)
+        sync.step()
+        opt.step()
+
+
 def build(model: torch.nn.Module) -> tuple[dgc.GradientSync, dgc.SGD]:
     sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.1), policy=dgc.Policy(dense_values="1bit"))
     return sync, dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)
@@ -90,39 +102,27 @@ def _average(rank: int, world: int) -> dict:
 def test_workers_average_the_scaled_signs(world: int) -> None:
     outs = run(_average, world)
     for name in outs[0]["local"]:
-        expected = torch.stack(
-            [o["local"][name].abs().mean() * torch.where(o["local"][name] >= 0, 1.0, -1.0) for o in outs]
-        ).mean(0)
+        expected = torch.stack([scaled_sign(o["local"][name]) for o in outs]).mean(0)
         for o in outs:
             torch.testing.assert_close(o["got"][name], expected, rtol=1e-6, atol=1e-7)
             # the residual is what this worker did not send
-            mine = o["local"][name].abs().mean() * torch.where(o["local"][name] >= 0, 1.0, -1.0)
+            mine = scaled_sign(o["local"][name])
             torch.testing.assert_close(o["residual"][name].view_as(mine), o["local"][name] - mine)
 
 
 def _resume(rank: int, world: int) -> dict:
     straight = make_model()
-    sync_a, opt_a = build(straight)
-    for step in range(5):
-        backward(straight, rank, step)
-        sync_a.step()
-        opt_a.step()
+    train(straight, *build(straight), rank, range(5))
     resumed = make_model()
     sync, opt = build(resumed)
-    for step in range(3):
-        backward(resumed, rank, step)
-        sync.step()
-        opt.step()
+    train(resumed, sync, opt, rank, range(3))
     state, opt_state, weights = sync.state_dict(), opt.state_dict(), resumed.state_dict()
     again = make_model(seed=1)
     again.load_state_dict(weights)
     sync2, opt2 = build(again)
     sync2.load_state_dict(state)
     opt2.load_state_dict(opt_state)
-    for step in range(3, 5):
-        backward(again, rank, step)
-        sync2.step()
-        opt2.step()
+    train(again, sync2, opt2, rank, range(3, 5))
     return {"straight": list(straight.state_dict().values()), "resumed": list(again.state_dict().values())}
 
 

@@ -54,21 +54,17 @@ class OneBit(Compressor):
             x = torch.cat(flat_views(items)).float()
             residuals = [self.tensor_state(it, "residual")[0] for it in items]
             x.add_(torch.cat(residuals))
-            parts = x.split(sizes)
-            scales = torch.stack([p.abs().mean() for p in parts])
-            signs = pack_signs(x)
-            sent = torch.repeat_interleave(scales, torch.tensor(sizes, device=x.device)) * torch.where(
-                x >= 0, 1.0, -1.0
-            )
-            for res, xp, sp in zip(residuals, parts, sent.split(sizes)):
-                torch.sub(xp, sp, out=res)
-            message = torch.cat([scales.view(torch.uint8), signs])
+            counts = torch.tensor(sizes, device=x.device)
+            scales = torch.stack([p.abs().mean() for p in x.split(sizes)])
+            sent = torch.where(x >= 0, 1.0, -1.0).mul_(torch.repeat_interleave(scales, counts))
+            for res, part in zip(residuals, x.sub_(sent).split(sizes)):  # x becomes what was not sent
+                res.copy_(part)
+            message = torch.cat([scales.view(torch.uint8), pack_signs(sent)])
         rows = comm.allgather(message)
         with phases("decompress"):
-            n, t = x.numel(), len(items)
+            t = len(items)
             all_scales = rows[:, : 4 * t].reshape(-1).view(torch.float32).view(-1, t)  # [world, tensors]
-            all_signs = unpack_signs(rows[:, 4 * t :], n)  # [world, n]
-            counts = torch.tensor(sizes, device=x.device)
+            all_signs = unpack_signs(rows[:, 4 * t :], x.numel())  # [world, n]
             mean = (all_signs * torch.repeat_interleave(all_scales, counts, dim=1)).mean(0)
             for it, part in zip(items, mean.split(sizes)):
                 it.grad.view(-1).copy_(part)
