@@ -26,10 +26,10 @@ install: $(PY) ## create .venv, install dgc and its dependencies (and the offlin
 	@$(PY) -c "import dgc, torch; print('dgc', dgc.__version__, 'torch', torch.__version__)"
 
 demo: install ## the main job: fmnist_resnet20 on 4 CPU workers, dense vs DGC; table and plot in results/demo/
-	$(PY) -m dgc.demo
+	$(PY) -m dgc.repro.demo
 
 data: install ## build the offline corpora under data/ (skipped when present): KJV text for kjv_lstm, espeak-ng speech for synth_deepspeech (~2 min)
-	$(PY) -m dgc.tasks.text --root data/kjv
+	$(PY) -m dgc.tasks.text_corpora --root data/kjv
 	$(PY) -m dgc.tasks.synth_speech --root data/synth_speech
 
 test: install ## run the test suite (CPU, gloo; what CI runs)
@@ -76,12 +76,12 @@ PTB_ROOT ?= data/ptb
 LIBRISPEECH_ROOT ?= data/LibriSpeech
 AN4_ROOT ?= data/an4
 LAUNCHER ?= slurm
-# more python -m dgc.sweep options, e.g. SWEEP_ARGS='--sbatch=--partition=gpu --gpus-per-node=8 --skip-done'
+# more python -m dgc.repro.sweep options, e.g. SWEEP_ARGS='--sbatch=--partition=gpu --gpus-per-node=8 --skip-done'
 SWEEP_ARGS ?=
 DATA_ROOTS := --data-root cifar10=$(CIFAR_ROOT) --data-root imagenet=$(IMAGENET_ROOT) --data-root ptb=$(PTB_ROOT) \
 	--data-root librispeech=$(LIBRISPEECH_ROOT) --data-root an4=$(AN4_ROOT)
-SWEEP := $(PY) -m dgc.sweep --launcher $(LAUNCHER) $(DATA_ROOTS) $(SWEEP_ARGS)
-CPU_SWEEP := $(PY) -m dgc.sweep --launcher local $(SWEEP_ARGS)
+SWEEP := $(PY) -m dgc.repro.sweep --launcher $(LAUNCHER) $(DATA_ROOTS) $(SWEEP_ARGS)
+CPU_SWEEP := $(PY) -m dgc.repro.sweep --launcher local $(SWEEP_ARGS)
 
 .PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-compact
 

@@ -1,8 +1,9 @@
 """Hydra configs of ``python -m dgc.train`` (installed as ``dgc.conf``).
 
 Groups: ``task`` (picks model, data and optimizer and sets the paper's hyperparameters),
-``model``, ``data``, ``optim``, ``compression`` (one file per compressor), ``logger``.
-The schema is :class:`dgc.config.Config`.
+``model``, ``data``, ``optim``, ``compression`` (presets: a compressor, its options and the ``sync``
+settings it needs; typed by the compressor's config dataclass), ``logger``.
+The schema is :class:`dgc.repro.config.Config`.
 """
 
 from pathlib import Path

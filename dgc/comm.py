@@ -55,6 +55,13 @@ class Comm:
         #: collectives add their wall time to ``phases["communicate"]``
         self.phases = Phases()
 
+    @classmethod
+    def local(cls) -> Comm:
+        """A world of one even inside a process group: every collective is the identity (counted)."""
+        comm = cls()
+        comm.distributed, comm.world_size, comm.rank = False, 1, 0
+        return comm
+
     def reset_traffic(self) -> Traffic:
         """Return the traffic counted so far and start counting afresh."""
         done, self.traffic = self.traffic, Traffic()

@@ -47,11 +47,12 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dgc import atomic
 
 RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 
@@ -332,19 +333,6 @@ def speedups(
 
 
 # -- command line ------------------------------------------------------------------------
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def plot(report: dict[str, Any], path: Path) -> Path:
     import io
 
@@ -370,7 +358,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    _write_atomic(path, buf.getvalue())
+    atomic.write_bytes(path, buf.getvalue())
     return path
 
 
@@ -420,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     }
     out = Path(args.out)
-    _write_atomic(out, (json.dumps(report, indent=2) + "\n").encode())
+    atomic.write_bytes(out, (json.dumps(report, indent=2) + "\n").encode())
     plot(report, out.with_suffix(".png"))
     for o in obs:
         print(

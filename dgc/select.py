@@ -36,6 +36,7 @@ first and expands only those (under 2 ms).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -261,17 +262,31 @@ def sampled_select(
     max_adaptations: int = 10,
     generator: torch.Generator | None = None,
     scratch: Scratch | None = None,
+    sample: Callable[[slice], torch.Tensor] | None = None,
+    first_count: Callable[[torch.Tensor], Candidates] | None = None,
 ) -> tuple[torch.Tensor, SelectInfo]:
-    """DGC's sampled-threshold selection on a 1-D tensor (see the module docstring)."""
+    """DGC's sampled-threshold selection on a 1-D tensor (see the module docstring).
+
+    ``sample(where)`` returns ``|x[where]|`` and ``first_count(threshold)`` the first count; by
+    default both read ``x`` as it is. A caller that is about to update ``x`` in place (DGC's
+    accumulation) passes both to sample the values it will write and to update and count in one
+    pass; ``x`` must hold the updated values once ``first_count`` returns.
+    """
     plan = sampling_plan(x.numel(), density, sample_ratio)
     if plan is None:
         k = target_count(x.numel(), density)
         idx = exact_topk(x, k)
         return idx, SelectInfo(k=k, selected=idx.numel(), candidates=idx.numel(), exact=True)
-    start = plan.draw_start(generator)
-    threshold = plan.threshold(x[plan.positions(start)].abs())
+    where = plan.positions(plan.draw_start(generator))
+    threshold = plan.threshold(sample(where) if sample is not None else x[where].abs())
     found, threshold, adaptations = adapt_threshold(
-        x, plan.k, threshold, lower_bound=lower_bound, max_adaptations=max_adaptations, scratch=scratch
+        x,
+        plan.k,
+        threshold,
+        lower_bound=lower_bound,
+        max_adaptations=max_adaptations,
+        scratch=scratch,
+        first=first_count(threshold) if first_count is not None else None,
     )
     return finish(x, plan.k, found, threshold, adaptations)
 

@@ -7,29 +7,24 @@ Used two ways, with the same arithmetic:
 
 Per step, over all gradients of the step:
 
-1. **local gradient clipping** (``clip_norm``): the local gradient of this worker
-   is scaled so its global L2 norm is at most ``clip_norm * N**0.5``. It happens
-   here, before anything is accumulated, because DGC's residuals would otherwise
-   hold unclipped gradients for hundreds of steps; it needs no communication, so
-   it does not wait for other workers. ``clip_norm`` is the dense run's clip of
-   the *averaged* gradient (what ``clip_grad_norm_`` gets after an allreduce): N
-   independent local gradients of norm c*sqrt(N) average to norm about c. This is
-   the paper's rule translated: it writes a worker's contribution as 1/N of its
-   gradient, summed over workers, and clips that at N**-0.5 of the global
-   threshold; on the worker's own (mean) gradient that is c * N**0.5. The
-   literal ``c * N**-0.5`` on the mean gradient clips N times harder than the
-   dense run (measured on kjv_lstm, 2 workers, DGC at density 1: ppl 122.6
-   against the dense run's 113.6).
-2. **weight decay** for tensors whose momentum the compressor keeps (DGC with
-   momentum correction): ``g += wd * w`` locally, so it enters the momentum like
-   in ``torch.optim.SGD``. Other tensors get weight decay in the optimizer after
-   aggregation; either way it is never communicated on its own.
-3. tensors are split by the :class:`Policy`: compressed ones go to the
-   compressor, the rest (biases, BatchNorm) are averaged dense in one allreduce.
+1. **local gradient clipping** (``clip_norm``): this worker's gradient is scaled so its global L2
+   norm is at most ``clip_norm * N**0.5``, before anything is accumulated (a residual keeps
+   unsent gradient for hundreds of steps, so clipping after aggregation would be too late) and
+   without waiting for other workers. ``clip_norm`` is the dense run's clip of the *averaged*
+   gradient: N independent local gradients of norm ``c * sqrt(N)`` average to norm about ``c``.
+   The paper's ``N**-0.5`` scales a worker's 1/N share of a *summed* gradient; on the worker's
+   mean gradient the same rule reads ``N**0.5`` (docs/design.md).
+2. **weight decay** for tensors whose momentum the compressor keeps (DGC with momentum
+   correction): ``g += wd * w`` locally, so it enters the momentum like in ``torch.optim.SGD``.
+   Other tensors get weight decay in the optimizer after aggregation.
+3. tensors are split by the :class:`Policy`: compressed ones go to the compressor, the rest
+   (biases, BatchNorm) are exchanged dense in one collective.
 4. the compressor exchanges and writes the averaged result into the gradients.
 
-Everything runs in one thread in a fixed tensor order, so every worker issues
-the same collectives in the same order.
+Everything runs in one thread in a fixed tensor order, so every worker issues the same
+collectives in the same order. Every collective goes through the :class:`~dgc.comm.Comm` the
+sync is given (by default the default process group): the seam where another exchange topology
+plugs in.
 """
 
 from __future__ import annotations
@@ -45,22 +40,23 @@ import torch.distributed as dist
 from dgc.comm import Comm
 from dgc.compressors import Compressor
 from dgc.compressors.base import Item
-from dgc.compressors.dense import DENSE_DTYPES, allreduce_dense
+from dgc.compressors.dense import allreduce_dense
 from dgc.compressors.onebit import OneBit
 from dgc.timing import Phases
+from dgc.wire import DTYPES
 
 #: how the tensors the policy leaves dense are exchanged
-DENSE_VALUES = (*DENSE_DTYPES, "1bit")
+DENSE_VALUES = (*DTYPES, "1bit")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Policy:
     """Which tensors are compressed: ``ndim >= min_ndim`` and ``numel >= min_numel``.
 
-    The default is the paper's: weights of convolutions and linear layers
-    (dim > 1) compressed; biases and BatchNorm parameters sent dense, in
-    ``dense_values``: fp32, fp16 or bf16 (an allreduce), or ``1bit`` (signs and
-    one scale per tensor, with error feedback: :mod:`dgc.compressors.onebit`).
+    The default is the paper's: weights of convolutions and linear layers (dim > 1) compressed;
+    biases and BatchNorm parameters sent dense, in ``dense_values``: fp32, fp16 or bf16 (an
+    allreduce), or ``1bit`` (signs and one scale per tensor, with error feedback:
+    :mod:`dgc.compressors.onebit`).
     """
 
     min_ndim: int = 2
@@ -75,6 +71,30 @@ class Policy:
 
     def compresses(self, param: torch.Tensor) -> bool:
         return param.dim() >= self.min_ndim and param.numel() >= self.min_numel
+
+
+@dataclass
+class SyncConfig:
+    """How a :class:`GradientSync` treats the gradients around its compressor (the ``sync`` config)."""
+
+    #: local gradient clipping: the clip of the averaged gradient; each worker clips at clip_norm * N**0.5; null: off
+    clip_norm: float | None = None
+    policy: Policy = field(default_factory=Policy)
+    #: exchange through DDP's communication hook instead of after backward() (trainer)
+    ddp_hook: bool = False
+
+    def __post_init__(self) -> None:
+        check_clip_norm(self.clip_norm)
+
+    def build(self, model: Any, compressor: Compressor, comm: Comm | None = None) -> GradientSync:
+        return GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm)
+
+
+def check_clip_norm(clip_norm: Any) -> None:
+    if clip_norm is None:
+        return
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, int | float) or math.isnan(clip_norm) or clip_norm <= 0:
+        raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}")
 
 
 class Hyper(Protocol):
@@ -123,7 +143,8 @@ class GradientSync:
         compressor: from :func:`dgc.build_compressor`.
         policy: which tensors are compressed (ignored by dense compressors).
         clip_norm: the clip of the averaged gradient; each worker clips its own at ``clip_norm * N**0.5``; None: off.
-        group: process group (None: the default group, or a single process).
+        comm: the collectives to use (default: ``Comm(group)``).
+        group: process group of the default ``Comm`` (None: the default group, or a single process).
         timing: time the phases (on CUDA this synchronizes the device at phase boundaries).
     """
 
@@ -134,6 +155,7 @@ class GradientSync:
         *,
         policy: Policy | None = None,
         clip_norm: float | None = None,
+        comm: Comm | None = None,
         group: dist.ProcessGroup | None = None,
         timing: bool = True,
     ):
@@ -141,12 +163,13 @@ class GradientSync:
         self.params: list[tuple[str, torch.nn.Parameter]] = [(n, p) for n, p in named if p.requires_grad]
         self._names = {id(p): n for n, p in self.params}
         self._order = {n: i for i, (n, _) in enumerate(self.params)}
-        if clip_norm is not None and (math.isnan(clip_norm) or clip_norm <= 0):
-            raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}")
+        check_clip_norm(clip_norm)
+        if comm is not None and group is not None:
+            raise ValueError("give GradientSync a comm or a group, not both")
         self.compressor = compressor
         self.policy = policy or Policy()
         self.clip_norm = clip_norm
-        self.comm = Comm(group)
+        self.comm = comm if comm is not None else Comm(group)
         self.compressor.bind(self.comm)
         #: the exchange of the tensors left dense, when it keeps state (1-bit with error feedback)
         self.dense_compressor: OneBit | None = None
@@ -157,7 +180,6 @@ class GradientSync:
         self.optimizer: Hyper | None = None
         self.steps = 0
         self.last: StepStats | None = None
-        self._pending: list[Any] = []  # DDP buckets waiting for the last one
 
     # -- configuration -------------------------------------------------------------
     @property
@@ -209,7 +231,7 @@ class GradientSync:
         if self.dense_compressor is not None:
             self.dense_compressor.exchange(dense, self.comm, phases)
         else:
-            allreduce_dense(dense, self.comm, phases, DENSE_DTYPES.get(self.policy.dense_values, torch.float32))
+            allreduce_dense(dense, self.comm, phases, DTYPES.get(self.policy.dense_values, torch.float32))
         dense_sent = self.comm.traffic.sent
         self.compressor.exchange(compressed, self.comm, phases)
         traffic = self.comm.reset_traffic()

@@ -22,23 +22,31 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import fields, is_dataclass
+from typing import NoReturn
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from dgc.config import Config
+from dgc.compressors import COMPRESSORS
+from dgc.repro.config import Config
 
 CONFIG_MODULE = "dgc.conf"
 ConfigStore.instance().store(name="schema", node=Config)
+# each compressor's config is the schema of its presets (conf/compression/*.yaml: /schema/compression/<name>)
+for _name, _cls in COMPRESSORS.items():
+    ConfigStore.instance().store(group="schema/compression", name=_name, node=_cls.config_class)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
-def _valid_keys(path: str) -> str:
+def _valid_keys(path: str, owner: object = None) -> str:
+    """The keys valid next to ``path``: of ``owner`` (the dataclass that refused a key) when known."""
+    if is_dataclass(owner):
+        return ", ".join(f.name for f in fields(owner))
     node: object = Config
     for part in path.split(".")[:-1]:
         kinds = {f.name: f.type for f in fields(node)} if is_dataclass(node) else {}
@@ -60,7 +68,7 @@ def precheck(overrides: list[str]) -> None:
     user = [o for o in overrides if not o.startswith(("hydra.", "hydra/", "--", "-"))]
     try:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            compose("config", overrides=user)
+            typed(compose("config", overrides=user))
     except MissingConfigException as exc:
         for group in ("task", "compression", "logger", "model", "data", "optim"):
             for o in user:
@@ -71,24 +79,38 @@ def precheck(overrides: list[str]) -> None:
         cause = exc.__cause__ or exc
         message = " ".join(str(cause).split("\n")[0].split())
         key = getattr(cause, "full_key", None) or ""
-        valid = _valid_keys(key) if key else ""
+        valid = _valid_keys(key, getattr(cause, "object_type", None)) if key else ""
         if key and key not in message:
             message = f"{key}: {message}"
         _fail(f"{message}" + (f" (valid keys: {valid})" if valid and "not in" in message else ""))
 
 
+def typed(cfg: DictConfig) -> Config:
+    """The composed config as dataclasses; their checks (``__post_init__``) fail with one line."""
+    try:
+        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    except (ValueError, TypeError) as exc:
+        _fail(str(exc).splitlines()[0])
+
+
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name="config")
 def _main(cfg: DictConfig) -> dict | None:
     from dgc.distributed import init_distributed, shutdown
-    from dgc.trainer import ConfigError, Trainer
+    from dgc.repro import faults
+    from dgc.repro.config import ConfigError
+    from dgc.repro.trainer import Trainer
 
-    config: Config = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    config = typed(cfg)
+    try:
+        callbacks = faults.from_env()
+    except ValueError as exc:
+        _fail(str(exc))
     try:
         info = init_distributed(config.device)
     except ValueError as exc:  # e.g. device=cuda without CUDA
         _fail(str(exc).splitlines()[0])
     try:
-        trainer = Trainer(config, info)
+        trainer = Trainer(config, info, callbacks=callbacks)
         summary = trainer.fit()
     except ConfigError as exc:
         shutdown(clean=False)

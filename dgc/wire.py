@@ -37,11 +37,15 @@ loop runs over values.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-VALUE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from dgc import bits
+
+#: value types on the wire, by name (also the dense exchange's)
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 INDEX_FORMATS = ("delta16", "int32", "rice", "bitmap", "auto")
 _ESCAPE_GAP = 65535
 _AUTO_TAGS = {"rice": 1, "bitmap": 2}
@@ -56,18 +60,22 @@ class WireFormat:
     indices: str = "delta16"
 
     def __post_init__(self) -> None:
-        if self.values not in VALUE_DTYPES:
-            raise ValueError(f"wire values must be one of {sorted(VALUE_DTYPES)}, got {self.values!r}")
+        if self.values not in DTYPES:
+            raise ValueError(f"wire values must be one of {sorted(DTYPES)}, got {self.values!r}")
         if self.indices not in INDEX_FORMATS:
             raise ValueError(f"wire indices must be one of {list(INDEX_FORMATS)}, got {self.indices!r}")
 
     @property
     def value_dtype(self) -> torch.dtype:
-        return VALUE_DTYPES[self.values]
+        return DTYPES[self.values]
 
 
 def _pad4(n: int) -> int:
     return (n + 3) // 4 * 4
+
+
+def _nbytes(nbits: int) -> int:
+    return (nbits + 7) // 8
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -76,65 +84,6 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _segment_ids(counts: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
-
-
-def delta16_encode(indices: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encode per-tensor sorted local positions into 16-bit gap words.
-
-    ``indices``: int64, concatenation of T ascending runs; ``counts[t]`` = length of run t.
-    Returns ``(words int32 in [0, 65535], words_per_tensor)``.
-    """
-    if indices.numel() == 0:
-        return indices.new_zeros(0, dtype=torch.int32), torch.zeros_like(counts)
-    prev = torch.empty_like(indices)
-    prev[1:] = indices[:-1]
-    starts = torch.cumsum(counts, 0) - counts  # first entry of each run
-    starts = starts[counts > 0]
-    prev[starts] = -1
-    gaps = indices - prev  # >= 1 within sorted runs
-    escapes = torch.div(gaps - 1, _ESCAPE_GAP, rounding_mode="floor")
-    rest = gaps - escapes * _ESCAPE_GAP
-    slot = torch.cumsum(escapes + 1, 0) - 1  # where each remainder word lands
-    words = torch.zeros(int(slot[-1]) + 1, dtype=torch.int32, device=indices.device)
-    words[slot] = rest.to(torch.int32)
-    per_tensor = torch.zeros_like(counts).index_add_(0, _segment_ids(counts), escapes + 1)
-    return words, per_tensor
-
-
-def delta16_decode(words: torch.Tensor, words_per_tensor: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`delta16_encode`: local positions, tensor after tensor."""
-    if words.numel() == 0:
-        return words.new_zeros(0, dtype=torch.int64)
-    w = words.to(torch.int64)
-    escape = w == 0
-    steps = torch.where(escape, torch.full_like(w, _ESCAPE_GAP), w)
-    total = torch.cumsum(steps, 0)
-    # subtract the running total reached before each tensor's first word
-    ends = torch.cumsum(words_per_tensor, 0)
-    before = torch.zeros_like(words_per_tensor)
-    nonempty_prev = (ends - words_per_tensor) > 0
-    before[nonempty_prev] = total[(ends - words_per_tensor)[nonempty_prev] - 1]
-    local = total - torch.repeat_interleave(before, words_per_tensor) - 1
-    return local[~escape]
-
-
-def _nbytes(bits: int) -> int:
-    return (bits + 7) // 8
-
-
-def pack_bits(bits: torch.Tensor) -> torch.Tensor:
-    """Pack 0/1 values (any integer or bool dtype) into bytes, least significant bit first."""
-    n = bits.numel()
-    padded = torch.zeros(_nbytes(n) * 8, dtype=torch.uint8, device=bits.device)
-    padded[:n] = bits.to(torch.uint8)
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=bits.device)
-    return (padded.view(-1, 8).to(torch.int32) * weights).sum(1).to(torch.uint8)
-
-
-def unpack_bits(data: torch.Tensor, nbits: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: the first ``nbits`` bits as a uint8 tensor of 0/1."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=data.device)
-    return ((data.unsqueeze(1) >> shifts) & 1).view(-1)[:nbits]
 
 
 def _gaps(indices: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -156,6 +105,47 @@ def _positions_from_gaps(gaps: torch.Tensor, counts: torch.Tensor) -> torch.Tens
     return total - torch.repeat_interleave(before, counts) - 1
 
 
+def pack_bits(values: torch.Tensor) -> torch.Tensor:
+    """Pack 0/1 values into bytes, least significant bit first (:func:`dgc.bits.pack`)."""
+    return bits.pack(values, 1)
+
+
+def unpack_bits(data: torch.Tensor, nbits: int) -> torch.Tensor:
+    """Inverse of :func:`pack_bits`: the first ``nbits`` bits as a uint8 tensor of 0/1."""
+    return bits.unpack(data, nbits, 1)
+
+
+# -- delta16 --------------------------------------------------------------------------------------------
+def delta16_encode(indices: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode per-tensor sorted local positions into 16-bit gap words.
+
+    ``indices``: int64, concatenation of T ascending runs; ``counts[t]`` = length of run t.
+    Returns ``(words int32 in [0, 65535], words_per_tensor)``.
+    """
+    if indices.numel() == 0:
+        return indices.new_zeros(0, dtype=torch.int32), torch.zeros_like(counts)
+    gaps = _gaps(indices, counts)
+    escapes = torch.div(gaps - 1, _ESCAPE_GAP, rounding_mode="floor")
+    rest = gaps - escapes * _ESCAPE_GAP
+    slot = torch.cumsum(escapes + 1, 0) - 1  # where each remainder word lands
+    words = torch.zeros(int(slot[-1]) + 1, dtype=torch.int32, device=indices.device)
+    words[slot] = rest.to(torch.int32)
+    per_tensor = torch.zeros_like(counts).index_add_(0, _segment_ids(counts), escapes + 1)
+    return words, per_tensor
+
+
+def delta16_decode(words: torch.Tensor, words_per_tensor: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`delta16_encode`: local positions, tensor after tensor."""
+    if words.numel() == 0:
+        return words.new_zeros(0, dtype=torch.int64)
+    w = words.to(torch.int64)
+    escape = w == 0
+    # an escape word advances 65535 and ends no gap: as gaps of the words, positions land on every word
+    positions = _positions_from_gaps(torch.where(escape, torch.full_like(w, _ESCAPE_GAP), w), words_per_tensor)
+    return positions[~escape]
+
+
+# -- rice -----------------------------------------------------------------------------------------------
 def rice_parameters(indices: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Per tensor, the Rice parameter b in [0, 31] that minimizes the tensor's coded bits."""
     num_tensors = counts.numel()
@@ -165,8 +155,8 @@ def rice_parameters(indices: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
     bs = torch.arange(_MAX_RICE_B + 1, device=x.device)
     quotients = torch.zeros(num_tensors, bs.numel(), dtype=torch.int64, device=x.device)
     quotients.index_add_(0, _segment_ids(counts), x.unsqueeze(1) >> bs)
-    bits = quotients + counts.unsqueeze(1) * (1 + bs)
-    return torch.argmin(bits, dim=1)
+    nbits = quotients + counts.unsqueeze(1) * (1 + bs)
+    return torch.argmin(nbits, dim=1)
 
 
 def rice_encode(
@@ -207,8 +197,7 @@ def rice_decode(
     total = int(counts.sum())
     if total == 0:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    bits = unpack_bits(unary, unary_bits)
-    zeros_at = torch.nonzero(bits == 0).view(-1)
+    zeros_at = torch.nonzero(unpack_bits(unary, unary_bits) == 0).view(-1)
     if zeros_at.numel() != total:
         raise ValueError(f"corrupt rice stream: {zeros_at.numel()} codes for {total} values")
     prev = torch.cat([zeros_at.new_tensor([-1]), zeros_at[:-1]])
@@ -227,16 +216,17 @@ def rice_decode(
     return _positions_from_gaps(gaps, counts.to(device))
 
 
+# -- bitmap ---------------------------------------------------------------------------------------------
 def bitmap_encode(
     indices: torch.Tensor, counts: torch.Tensor, numels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(bitmap bytes, bytes per tensor)``: one bit per entry, each tensor starting on a byte."""
     nbytes = (numels + 7) // 8
     starts = torch.cumsum(nbytes, 0) - nbytes
-    bits = torch.zeros(int(nbytes.sum()) * 8, dtype=torch.uint8, device=indices.device)
+    marks = torch.zeros(int(nbytes.sum()) * 8, dtype=torch.uint8, device=indices.device)
     if indices.numel():
-        bits[indices + 8 * torch.repeat_interleave(starts, counts)] = 1
-    return pack_bits(bits), nbytes
+        marks[indices + 8 * torch.repeat_interleave(starts, counts)] = 1
+    return pack_bits(marks), nbytes
 
 
 def bitmap_decode(data: torch.Tensor, nbytes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -248,11 +238,120 @@ def bitmap_decode(data: torch.Tensor, nbytes: torch.Tensor) -> tuple[torch.Tenso
     return hits - 8 * starts[tensor_of], counts
 
 
-def _values_block(values: list[torch.Tensor], fmt: WireFormat) -> tuple[torch.Tensor, torch.Tensor]:
+# -- the index formats: size, encode, decode of each in one place ---------------------------------------
+@dataclass(frozen=True)
+class _IndexCodec:
+    #: (positions, counts, numels) -> bytes of the index block
+    size: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], int]
+    #: (positions, counts, numels) -> (per-tensor header words s_t, byte parts of the index block)
+    encode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, list[torch.Tensor]]]
+    #: (message from the index block on, counts, s_t) -> local positions
+    decode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _rice_size(idx: torch.Tensor, counts: torch.Tensor, numels: torch.Tensor | None) -> int:
+    n_vals = int(counts.sum())
+    if n_vals == 0:
+        return 4
+    b = torch.repeat_interleave(rice_parameters(idx, counts), counts)
+    unary = int(((_gaps(idx, counts) - 1) >> b).sum()) + n_vals
+    return 4 + _pad4(_nbytes(unary)) + _pad4(_nbytes(int(b.sum())))
+
+
+def _rice_encode(idx: torch.Tensor, counts: torch.Tensor, numels: torch.Tensor | None):  # noqa: ANN202
+    params = rice_parameters(idx, counts)
+    unary, unary_bits, rem = rice_encode(idx, counts, params)
+    word = torch.tensor([unary_bits], dtype=torch.int32, device=idx.device)
+    return params, [_as_bytes(word), unary, rem]
+
+
+def _rice_decode(block: torch.Tensor, counts: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    unary_bits = int(block[:4].view(torch.int32)[0])
+    ubytes = _nbytes(unary_bits)
+    rpos = 4 + _pad4(ubytes)
+    rem = block[rpos : rpos + _nbytes(int((counts * params).sum()))]
+    return rice_decode(block[4 : 4 + ubytes], unary_bits, rem, counts, params)
+
+
+def _bitmap_decode(block: torch.Tensor, counts: torch.Tensor, nbytes: torch.Tensor) -> torch.Tensor:
+    local, found = bitmap_decode(block[: int(nbytes.sum())], nbytes)
+    if not torch.equal(found.to(counts.device), counts):
+        raise ValueError("corrupt bitmap message: set bits do not match the value counts")
+    return local
+
+
+def _int32_encode(idx: torch.Tensor, counts: torch.Tensor, numels: torch.Tensor | None):  # noqa: ANN202
+    return counts, [_as_bytes(idx.to(torch.int32))]
+
+
+def _int32_decode(block: torch.Tensor, counts: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    return block[: 4 * int(words.sum())].view(torch.int32).to(torch.int64)
+
+
+def _delta16_encode(idx: torch.Tensor, counts: torch.Tensor, numels: torch.Tensor | None):  # noqa: ANN202
+    words, per_tensor = delta16_encode(idx, counts)
+    return per_tensor, [_as_bytes(words.to(torch.uint16))]
+
+
+def _delta16_decode(block: torch.Tensor, counts: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    return delta16_decode(block[: 2 * int(words.sum())].view(torch.uint16).to(torch.int32), words)
+
+
+def _bitmap_encode(idx: torch.Tensor, counts: torch.Tensor, numels: torch.Tensor | None):  # noqa: ANN202
+    assert numels is not None
+    data, nbytes = bitmap_encode(idx, counts, numels)
+    return nbytes, [data]
+
+
+_CODECS: dict[str, _IndexCodec] = {
+    "int32": _IndexCodec(lambda idx, counts, numels: 4 * int(counts.sum()), _int32_encode, _int32_decode),
+    "delta16": _IndexCodec(
+        lambda idx, counts, numels: _pad4(2 * int(delta16_encode(idx, counts)[1].sum())),
+        _delta16_encode,
+        _delta16_decode,
+    ),
+    "rice": _IndexCodec(_rice_size, _rice_encode, _rice_decode),
+    "bitmap": _IndexCodec(
+        lambda idx, counts, numels: _pad4(int(((numels + 7) // 8).sum())), _bitmap_encode, _bitmap_decode
+    ),
+}
+
+
+def _numels_tensor(numels: list[int] | None, fmt: WireFormat, tensors: int, device: torch.device):  # noqa: ANN202
+    if numels is None or len(numels) != tensors:
+        if fmt.indices in ("bitmap", "auto"):
+            raise ValueError(f"the {fmt.indices} index format needs the tensor sizes (numels), one per tensor")
+        return None
+    return torch.tensor(numels, dtype=torch.int64, device=device)
+
+
+def _flat(values: list[torch.Tensor], indices: list[torch.Tensor], fmt: WireFormat):  # noqa: ANN202
     device = values[0].device if values else torch.device("cpu")
     counts = torch.tensor([v.numel() for v in values], dtype=torch.int64, device=device)
     vals = torch.cat(values).to(fmt.value_dtype) if values else torch.zeros(0, dtype=fmt.value_dtype)
-    return counts, vals
+    idx = torch.cat(indices).to(torch.int64) if indices else torch.zeros(0, dtype=torch.int64)
+    return counts, vals, idx
+
+
+def _auto_choice(values, indices, fmt: WireFormat, numels: list[int] | None) -> WireFormat:  # noqa: ANN001
+    return min(
+        (WireFormat(fmt.values, name) for name in _AUTO_TAGS),
+        key=lambda f: encoded_size(values, indices, f, numels),
+    )
+
+
+def encoded_size(
+    values: list[torch.Tensor], indices: list[torch.Tensor], fmt: WireFormat, numels: list[int] | None = None
+) -> int:
+    """Bytes :func:`encode` would produce (computes the Rice parameters, not the streams)."""
+    if fmt.indices == "auto":
+        _numels_tensor(numels, fmt, len(values), torch.device("cpu"))
+        return 4 + encoded_size(values, indices, _auto_choice(values, indices, fmt, numels), numels)
+    counts = torch.tensor([v.numel() for v in values], dtype=torch.int64)
+    idx = torch.cat(indices).to(torch.int64).cpu() if indices else torch.zeros(0, dtype=torch.int64)
+    n_vals = int(counts.sum())
+    base = 8 * len(values) + _pad4(n_vals * fmt.value_dtype.itemsize)
+    return base + _CODECS[fmt.indices].size(idx, counts, _numels_tensor(numels, fmt, len(values), idx.device))
 
 
 def _join(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -263,34 +362,6 @@ def _join(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
         out[pos : pos + p.numel()] = p.to(out.device)
         pos += _pad4(p.numel())
     return out
-
-
-def encoded_size(
-    values: list[torch.Tensor], indices: list[torch.Tensor], fmt: WireFormat, numels: list[int] | None = None
-) -> int:
-    """Bytes :func:`encode` would produce (computes the Rice parameters, not the streams)."""
-    counts = torch.tensor([v.numel() for v in values], dtype=torch.int64)
-    n_vals = int(counts.sum())
-    base = 8 * len(values) + _pad4(n_vals * torch.finfo(fmt.value_dtype).bits // 8)
-    idx = torch.cat(indices).to(torch.int64).cpu() if indices else torch.zeros(0, dtype=torch.int64)
-    if fmt.indices == "int32":
-        return base + 4 * n_vals
-    if fmt.indices == "delta16":
-        _, per_tensor = delta16_encode(idx, counts)
-        return base + _pad4(2 * int(per_tensor.sum()))
-    if fmt.indices == "bitmap":
-        if numels is None:
-            raise ValueError("the bitmap index format needs the tensor sizes (numels)")
-        return base + _pad4(sum((n + 7) // 8 for n in numels))
-    if fmt.indices == "rice":
-        if n_vals == 0:
-            return base + 4
-        params = rice_parameters(idx, counts)
-        x = _gaps(idx, counts) - 1
-        b = torch.repeat_interleave(params, counts)
-        unary = int((x >> b).sum()) + n_vals
-        return base + 4 + _pad4(_nbytes(unary)) + _pad4(_nbytes(int(b.sum())))
-    return 4 + min(encoded_size(values, indices, WireFormat(fmt.values, name), numels) for name in ("rice", "bitmap"))
 
 
 def encode(
@@ -305,31 +376,15 @@ def encode(
     them so). ``numels`` (the tensors' sizes) is needed by ``bitmap`` and ``auto``.
     """
     if fmt.indices == "auto":
-        if numels is None:
-            raise ValueError("the auto index format needs the tensor sizes (numels)")
-        choice = min(
-            ("rice", "bitmap"), key=lambda name: encoded_size(values, indices, WireFormat(fmt.values, name), numels)
-        )
-        inner = encode(values, indices, WireFormat(fmt.values, choice), numels)
-        tag = torch.tensor([_AUTO_TAGS[choice]], dtype=torch.int32).view(torch.uint8).to(inner.device)
+        _numels_tensor(numels, fmt, len(values), torch.device("cpu"))
+        choice = _auto_choice(values, indices, fmt, numels)
+        inner = encode(values, indices, choice, numels)
+        tag = torch.tensor([_AUTO_TAGS[choice.indices]], dtype=torch.int32).view(torch.uint8).to(inner.device)
         return torch.cat([tag, inner])
-    counts, vals = _values_block(values, fmt)
-    idx = torch.cat(indices).to(torch.int64) if indices else torch.zeros(0, dtype=torch.int64)
-    if fmt.indices == "int32":
-        index_parts, per_tensor = [_as_bytes(idx.to(torch.int32))], counts
-    elif fmt.indices == "delta16":
-        words, per_tensor = delta16_encode(idx, counts)
-        index_parts = [_as_bytes(words.to(torch.uint16))]
-    elif fmt.indices == "rice":
-        per_tensor = rice_parameters(idx, counts)
-        unary, unary_bits, rem = rice_encode(idx, counts, per_tensor)
-        word = torch.tensor([unary_bits], dtype=torch.int32, device=vals.device)
-        index_parts = [_as_bytes(word), unary, rem]
-    else:  # bitmap
-        if numels is None or len(numels) != len(values):
-            raise ValueError("the bitmap index format needs the tensor sizes (numels), one per tensor")
-        data, per_tensor = bitmap_encode(idx, counts, torch.tensor(numels, dtype=torch.int64, device=idx.device))
-        index_parts = [data]
+    counts, vals, idx = _flat(values, indices, fmt)
+    per_tensor, index_parts = _CODECS[fmt.indices].encode(
+        idx, counts, _numels_tensor(numels, fmt, len(values), idx.device)
+    )
     header = torch.stack([counts, per_tensor.to(counts.device)], 1).view(-1).to(torch.int32)
     return _join([_as_bytes(header), _as_bytes(vals), *index_parts], vals.device)
 
@@ -348,28 +403,9 @@ def decode(message: torch.Tensor, offsets: torch.Tensor, fmt: WireFormat) -> tup
     num_tensors = offsets.numel()
     header = message[: 8 * num_tensors].view(torch.int32).view(num_tensors, 2).to(torch.int64)
     counts, per_tensor = header[:, 0], header[:, 1]
-    n_vals, n_words = int(counts.sum()), int(per_tensor.sum())
-    value_dtype = fmt.value_dtype
     vpos = _pad4(8 * num_tensors)
-    vbytes = n_vals * torch.finfo(value_dtype).bits // 8
-    values = message[vpos : vpos + vbytes].view(value_dtype).to(torch.float32)
-    ipos = vpos + _pad4(vbytes)
-    if fmt.indices == "int32":
-        local = message[ipos : ipos + 4 * n_words].view(torch.int32).to(torch.int64)
-    elif fmt.indices == "delta16":
-        words = message[ipos : ipos + 2 * n_words].view(torch.uint16).to(torch.int32)
-        local = delta16_decode(words, per_tensor)
-    elif fmt.indices == "rice":
-        unary_bits = int(message[ipos : ipos + 4].view(torch.int32)[0])
-        ubytes = _nbytes(unary_bits)
-        unary = message[ipos + 4 : ipos + 4 + ubytes]
-        rpos = ipos + 4 + _pad4(ubytes)
-        rem_bits = int((counts * per_tensor).sum())
-        rem = message[rpos : rpos + _nbytes(rem_bits)]
-        local = rice_decode(unary, unary_bits, rem, counts, per_tensor)
-    else:  # bitmap
-        local, found = bitmap_decode(message[ipos : ipos + n_words], per_tensor)
-        if not torch.equal(found.to(counts.device), counts):
-            raise ValueError("corrupt bitmap message: set bits do not match the value counts")
+    vbytes = int(counts.sum()) * fmt.value_dtype.itemsize
+    values = message[vpos : vpos + vbytes].view(fmt.value_dtype).to(torch.float32)
+    local = _CODECS[fmt.indices].decode(message[vpos + _pad4(vbytes) :], counts, per_tensor)
     flat = local + torch.repeat_interleave(offsets.to(local.device), counts.to(local.device))
     return flat, values

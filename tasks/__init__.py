@@ -9,14 +9,14 @@ import importlib
 
 from dgc.tasks.base import Task
 
-from dgc.config import Config
 from dgc.distributed import DistInfo
+from dgc.repro.config import Config
 
 #: task family -> "module:class", imported on use
 TASK_KINDS = {
-    "image": "dgc.tasks.image:ImageClassification",
-    "language": "dgc.tasks.language:LanguageModeling",
-    "speech": "dgc.tasks.speech:SpeechRecognition",
+    "image": "dgc.tasks.classification:ImageClassification",
+    "language": "dgc.tasks.language_modeling:LanguageModeling",
+    "speech": "dgc.tasks.speech_recognition:SpeechRecognition",
 }
 
 

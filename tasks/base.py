@@ -13,8 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from dgc.config import Config
+from dgc import seeding
 from dgc.distributed import DistInfo
+from dgc.repro.config import Config
+
+
+class DataError(ValueError):
+    """Missing or malformed data (the message says where data is expected and how to get it)."""
 
 
 class Task:
@@ -64,7 +69,7 @@ def shard_indices(num_items: int, info: DistInfo, seed: int, epoch: int, shuffle
     Every worker gets the same count (the tail that does not divide evenly is dropped).
     """
     if shuffle:
-        gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        gen = torch.Generator().manual_seed(seeding.mix(seed, epoch, multiplier=100_003))
         order = torch.randperm(num_items, generator=gen)
     else:
         order = torch.arange(num_items)

@@ -5,6 +5,7 @@
   subsampling and zero-padded channels);
 * ``torchvision``: any torchvision classification model by ``arch`` (ResNet-50, AlexNet, ...),
   randomly initialized (no download);
+* ``fmnist_wide``: an AlexNet-shaped net for Fashion-MNIST (the end-to-end cluster benchmark's);
 * ``lstm_lm``, ``deepspeech``: the word language model and the DeepSpeech acoustic model of the
   language and speech tasks (:mod:`dgc.tasks.rnn_models`).
 """
@@ -72,6 +73,33 @@ def resnet_cifar(depth: int = 20, num_classes: int = 10, in_channels: int = 3) -
     return CifarResNet(depth, num_classes, in_channels)
 
 
+class FmnistWide(nn.Module):
+    """An AlexNet-shaped net for 28x28 grey images: a little convolution, wide fully connected layers
+    (17.3M parameters: a communication-heavy model whose compute per step is small)."""
+
+    def __init__(self, num_classes: int = 10, width: int = 2048):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 64, 5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(128 * 7 * 7, width),
+            nn.ReLU(inplace=True),
+            nn.Linear(width, width),
+            nn.ReLU(inplace=True),
+            nn.Linear(width, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
 def torchvision_model(arch: str = "resnet50", num_classes: int = 1000, zero_init_residual: bool = False) -> nn.Module:
     valid = torchvision.models.list_models(module=torchvision.models)
     if arch not in valid:
@@ -85,6 +113,7 @@ def torchvision_model(arch: str = "resnet50", num_classes: int = 1000, zero_init
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet_cifar": resnet_cifar,
     "torchvision": torchvision_model,
+    "fmnist_wide": FmnistWide,
     "lstm_lm": lstm_lm,
     "deepspeech": deepspeech,
 }

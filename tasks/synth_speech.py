@@ -5,10 +5,10 @@
 Reproducible (seeded) and cached: when ``<root>/corpus.json`` exists with the same settings nothing
 is done. The corpus is written to a temporary folder next to ``root`` and renamed at the end.
 
-* **Sentences**: clauses of KJV verses (:func:`dgc.tasks.text.kjv_verses`) cut at punctuation,
+* **Sentences**: clauses of KJV verses (:func:`dgc.tasks.text_corpora.kjv_verses`) cut at punctuation,
   normalized to lower-case letters, apostrophes and spaces, 3 to 10 words and at most 60 characters,
   deduplicated. Train sentences come from the KJV training chapters, dev and test sentences from the
-  validation and test chapters of :mod:`dgc.tasks.text` (the same chapter split as ``kjv_lstm``);
+  validation and test chapters of :mod:`dgc.tasks.text_corpora` (the same chapter split as ``kjv_lstm``);
   dev/test sentences that also occur in the training pool are dropped, so the test texts are unseen.
 * **Voices**: 8 espeak-ng English accents (en-us, en-gb, Scottish, RP, Lancaster, West Midlands,
   Caribbean, New York) x 16 variants (default, m1-m7, f1-f5, klatt, klatt2, klatt3) = 128 "speakers";
@@ -18,7 +18,7 @@ is done. The corpus is written to a temporary folder next to ``root`` and rename
 * **Layout**: ``<root>/<split>/<speaker>/<chapter>/<speaker>-<chapter>-<utt>.flac`` and
   ``<speaker>-<chapter>.trans.txt`` (upper-case transcripts), splits ``train``, ``dev``, ``test``;
   the speaker id is 1000 + the voice index, the chapter is 0 (train), 1 (dev), 2 (test). The
-  LibriSpeech loader of :mod:`dgc.tasks.audio` reads it.
+  LibriSpeech loader of :mod:`dgc.tasks.speech_data` reads it.
 
 Defaults: 2000 train, 200 dev, 200 test utterances (about 2.1 s each: 1.2 h of training speech,
 115 MB of FLAC, the noise does not compress), built in about two minutes on 2 cores.
@@ -41,9 +41,11 @@ import numpy as np
 import soundfile as sf
 import torch
 import torchaudio
-from dgc.tasks.audio import SAMPLE_RATE, normalize_text
-from dgc.tasks.images import DataError
-from dgc.tasks.text import kjv_split_of, kjv_verses
+from dgc.tasks.base import DataError
+from dgc.tasks.speech_data import SAMPLE_RATE, normalize_text
+from dgc.tasks.text_corpora import kjv_split_of, kjv_verses
+
+from dgc import atomic
 
 VOICES = ["en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-029", "en-us-nyc"]
 VARIANTS = ["", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5", "klatt", "klatt2", "klatt3"]
@@ -126,9 +128,13 @@ def build(root: str | os.PathLike, sizes: dict[str, int], seed: int = 0, jobs: i
     if shutil.which("espeak-ng") is None:
         raise DataError(f"espeak-ng not found: {ESPEAK_HINT}")
     utterances = plan(sizes, seed)
-    tmp = root.with_name(f".{root.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    with atomic.directory(root) as tmp:
+        hours = _write_corpus(tmp, utterances, sizes, settings, jobs)
+    print(f"{root}: {sizes} utterances, hours {hours}")
+    return root
 
+
+def _write_corpus(tmp: Path, utterances: list[dict], sizes: dict[str, int], settings: dict, jobs: int | None) -> dict:
     def folder(u: dict) -> tuple[Path, str]:
         spk, chap = 1000 + u["speaker"], SPLITS[u["split"]]
         return tmp / u["split"] / str(spk) / str(chap), f"{spk}-{chap}"
@@ -153,10 +159,7 @@ def build(root: str | os.PathLike, sizes: dict[str, int], seed: int = 0, jobs: i
         path.write_text("\n".join(sorted(lines)) + "\n")
     hours = {s: round(sum(t for u, t in zip(utterances, seconds) if u["split"] == s) / 3600, 3) for s in sizes}
     (tmp / "corpus.json").write_text(json.dumps({"settings": settings, "hours": hours}, indent=1) + "\n")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, root)
-    print(f"{root}: {sizes} utterances, hours {hours}")
-    return root
+    return hours
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from dgc import presets
+from dgc.bench.common import configurations
+
 ROOT = Path(__file__).resolve().parents[1]
 RESNET50_NUMEL = 25_557_032
 COMMON_KEYS = {"bench", "torch", "threads", "device", "platform", "argv", "command", "timestamp_utc"}
@@ -59,9 +62,11 @@ def test_wire_all_compressors_small_model(tmp_path: Path) -> None:
     assert COMMON_KEYS <= r.keys() and r["bench"] == "wire"
     assert r["model"] == "squeezenet1_1" and r["density"] == 0.01
     assert r["numel"] == r["numel_dim_gt1"] + r["numel_rest"] > 0
+    # every compression preset of python -m dgc.train, and the variants
     names = ["none", "fp16", "topk", "dgc", "dgc_int32", "dgc_fp16", "dgc_rice", "dgc_compact", "dgc_compact_all"]
     names += ["terngrad", "powersgd"]
-    assert list(r["compressors"]) == names
+    assert set(names) <= set(r["compressors"]) and list(r["compressors"]) == list(configurations())
+    assert set(presets.names()) <= set(r["compressors"])
     for name, row in r["compressors"].items():
         assert row["dense_bytes"] == 4 * r["numel"], name
         assert row["wire_ratio"] == pytest.approx(row["dense_bytes"] / row["sent_bytes"]), name

@@ -14,7 +14,6 @@ import dgc
 from dgc.comm import Comm
 from dgc.compressors import DGC, PowerSGD, TernGrad, TopK, build_compressor, compressor_options
 from dgc.compressors.base import Item
-from dgc.compressors.terngrad import pack2, unpack2
 from dgc.timing import Phases
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -70,9 +69,9 @@ def _loss_backward(model, step):
 
 def test_unknown_compressor_lists_valid_names():
     with pytest.raises(ValueError) as err:
-        build_compressor("qsgd")
-    assert "'qsgd'" in str(err.value)
-    assert "none, fp16, topk, dgc, terngrad, powersgd" in str(err.value)
+        build_compressor("nope")
+    assert "'nope'" in str(err.value)
+    assert "valid: " + ", ".join(dgc.COMPRESSORS) in str(err.value)
 
 
 @pytest.mark.parametrize("name", ["dgc", "topk", "terngrad", "powersgd"])
@@ -122,10 +121,11 @@ def test_bad_options_raise(name, kwargs, match):
 
 
 def test_registry_builds_every_compressor():
-    assert list(dgc.COMPRESSORS) == ["none", "fp16", "topk", "dgc", "terngrad", "powersgd"]
+    assert {"none", "fp16", "topk", "dgc", "terngrad", "powersgd"} <= set(dgc.COMPRESSORS)
     for name, cls in dgc.COMPRESSORS.items():
         comp = build_compressor(name)
-        assert type(comp) is cls and comp.name == name
+        assert type(comp) is cls and comp.name == name and comp.config.name == name
+        assert type(build_compressor(comp.config)) is cls  # from its config too
 
 
 # -- conservation: sent + residual == accumulated ---------------------------------------------
@@ -474,14 +474,6 @@ def test_load_state_of_another_compressor_raises():
 
 
 # -- TernGrad -----------------------------------------------------------------------------------
-
-
-def test_pack2_round_trip():
-    codes = torch.randint(0, 4, (4 * 25 + 3,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    packed = pack2(codes)
-    assert packed.numel() == 26
-    assert torch.equal(unpack2(packed, codes.numel()), codes)
-    assert torch.equal(unpack2(torch.stack([packed, packed]), codes.numel()), torch.stack([codes, codes]))
 
 
 def test_terngrad_values_are_ternary_and_unbiased():

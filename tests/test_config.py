@@ -18,8 +18,9 @@ from omegaconf import OmegaConf
 
 import dgc
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
-from dgc import rundir
-from dgc.config import Config
+from dgc import presets
+from dgc.repro import rundir
+from dgc.repro.config import Config
 from tests.datafiles import write_fmnist
 
 TASKS = options("task")
@@ -48,33 +49,44 @@ def test_every_task_with_every_compressor(task, compression):
     # a preset is named after its compressor, or after it with a suffix (dgc_compact)
     assert cfg.compression.name == compression.split("_")[0] and cfg.compression.name in dgc.COMPRESSORS
     # the compressor builds from its options, and the model arguments are ones the builder takes
-    compressor = dgc.build_compressor(cfg.compression.name, **cfg.compression.compressor_options())
-    assert compressor.name == cfg.compression.name
-    dgc.Policy(**vars(cfg.compression.policy))
+    compressor = dgc.build_compressor(cfg.compression)
+    assert compressor.name == cfg.compression.name and compressor.config == cfg.compression
+    assert isinstance(cfg.sync, dgc.SyncConfig) and isinstance(cfg.sync.policy, dgc.Policy)
     assert cfg.model.name in MODELS
     assert set(cfg.model.args) <= set(inspect.signature(MODELS[cfg.model.name]).parameters)
     assert cfg.train.epochs > 0 and cfg.train.batch_size >= 1 and cfg.optim.lr > 0
 
 
-def test_compact_preset_is_the_benchmarked_compact_format():
-    from dgc.bench.common import COMPACT_OPTIONS, COMPACT_POLICY
+@pytest.mark.parametrize("name", COMPRESSORS)
+def test_benchmarks_build_the_presets_hydra_composes(name):
+    """dgc.presets (benchmarks, demo) reads the same files: the same compressor and sync settings."""
+    cfg = compose_config("task=cifar10_resnet20", f"compression={name}")  # a task that sets no sync option
+    task = {"compression_warmup_epochs": cfg.task.compression_warmup_epochs, "local_clip_norm": 0.5}
+    spec = presets.preset(name, task=task)
+    assert spec.compression == cfg.compression
+    assert spec.sync.policy == cfg.sync.policy and spec.sync.ddp_hook == cfg.sync.ddp_hook
+    uses_task_clip = compose_config("task=cifar10_resnet20", f"compression={name}", "task.local_clip_norm=0.5")
+    assert spec.sync.clip_norm == uses_task_clip.sync.clip_norm
 
+
+def test_compact_presets():
     cfg = compose_config("task=fmnist_resnet20", "compression=dgc_compact")
     assert cfg.compression.name == "dgc" and cfg.compression.density == 0.001
-    assert {k: getattr(cfg.compression, k) for k in COMPACT_OPTIONS} == COMPACT_OPTIONS
-    assert {k: getattr(cfg.compression.policy, k) for k in COMPACT_POLICY} == COMPACT_POLICY
-    assert cfg.compression.policy.min_ndim == 2  # conv/linear weights sparse, the rest in 1 bit
+    assert (cfg.compression.wire_values, cfg.compression.wire_indices) == ("fp16", "rice")
+    assert cfg.sync.policy.dense_values == "1bit" and cfg.sync.policy.min_ndim == 2
     # everything else is the dgc preset's: the task's warm-up and local clipping still apply
     assert cfg.compression.warmup_epochs == cfg.task.compression_warmup_epochs
-    assert cfg.compression.clip_norm == cfg.task.local_clip_norm
+    assert cfg.sync.clip_norm == cfg.task.local_clip_norm
+    every = compose_config("task=cifar10_resnet20", "compression=dgc_compact_all")
+    assert every.sync.policy.min_ndim == 1 and every.compression.wire_indices == "rice"
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_dgc_takes_the_task_warmup(task):
     cfg = compose_config(f"task={task}", "compression=dgc")
     assert cfg.compression.warmup_epochs == cfg.task.compression_warmup_epochs
-    assert cfg.compression.clip_norm == cfg.task.local_clip_norm
-    compressor = dgc.build_compressor("dgc", **cfg.compression.compressor_options())
+    assert cfg.sync.clip_norm == cfg.task.local_clip_norm
+    compressor = dgc.build_compressor(cfg.compression)
     assert compressor.schedule.warmup_epochs == cfg.task.compression_warmup_epochs
     assert compressor.schedule.density == 0.001
 

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from dgc import kernels
-from dgc.compressors import build_compressor
+from dgc.compressors import DGC, build_compressor
 from dgc.compressors.base import Item
-from dgc.compressors.sparse import DGC
 from dgc.select import Candidates, Scratch, threshold_select
 from dgc.timing import Phases
 

@@ -1,4 +1,4 @@
-"""python -m dgc.report on run directories the tests write (summary.json, config.yaml, metrics.jsonl)."""
+"""python -m dgc.repro.report on run directories the tests write (summary.json, config.yaml, metrics.jsonl)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dgc import report
-from dgc.tables import TABLES, get_table
+from dgc.repro import report
+from dgc.repro.tables import TABLES, get_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -84,12 +84,15 @@ def test_table_report_puts_the_paper_beside_ours(tmp_path, capsys):
     assert names == ["cpu-fmnist-ratio.png", "cpu-fmnist-steps.png", "cpu-fmnist.csv", "cpu-fmnist.md"]
     md = (out / "cpu-fmnist.md").read_text()
     assert md == stdout.split("wrote ")[0].rstrip("\n") + "\n"
-    # paper 93.75 / 92.75 / 93.87 and the paper's deltas; ours 50 / 51 / 52 and our deltas
-    assert "| Gradient Dropping | 4 | 300 | 92.75 | 51.00 | -1.00 | +1.00 |" in md
-    assert "| DGC | 4 | 300 | 93.87 | 52.00 | +0.12 | +2.00 |" in md
+    # paper 93.75 / 92.75 / 93.87 and the paper's deltas; ours, two seeds each: 50 and 53 / 51 and 54 / 52 and 55,
+    # their means ± sample standard deviations, and the deltas paired by seed
+    assert "| Gradient Dropping | 4 | 2 | 300 | 92.75 | 52.50 ± 2.12 | -1.00 | +1.00 |" in md
+    assert "| DGC | 4 | 2 | 300 | 93.87 | 53.50 ± 2.12 | +0.12 | +2.00 |" in md
     assert "1.03 → 0.00229" in md and "449x" in md
+    assert "| DGC | 1 | 300 | 55.00 | 449x |" in md  # each run listed
     rows = list(csv.DictReader(io.StringIO((out / "cpu-fmnist.csv").read_text())))
-    assert [r["key"] for r in rows] == ["none", "topk", "dgc"]
+    assert [r["key"] for r in rows] == ["none-s0", "topk-s0", "dgc-s0", "none-s1", "topk-s1", "dgc-s1"]
+    assert [r["seed"] for r in rows] == ["0", "0", "0", "1", "1", "1"]
     assert float(rows[2]["paper_top1"]) == 93.87 and float(rows[2]["top1"]) == 52.0
     assert float(rows[2]["wire_ratio"]) == pytest.approx(1077736 / 2400)
     assert float(rows[0]["dense_mb"]) == pytest.approx(1077736 / 2**20)
@@ -107,9 +110,9 @@ def test_a_table_without_paper_numbers_has_no_paper_columns(tmp_path, capsys):
     assert code == 0
     md = (out / "cpu-compact.md").read_text()
     assert "paper" not in md.split("\n\n")[1].lower()  # the table itself
-    assert "|  | method | N | steps | top-1 % | Δ | MB/step | ratio |" in md
-    # rows 0-2 are seed 0 (default, 1-bit, every tensor sparse): ours 50, 51, 52; Δ to the default
-    assert "| seed 0 | default format" in md and "| 4 | 300 | 51.00 | +1.00 | 1.03 → 0.00229 | 449x |" in md
+    assert "|  | method | N | seeds | steps | top-1 % | Δ | MB/step | ratio |" in md
+    # seeds 0-3 of default, 1-bit, every tensor sparse: 50/53/56/59, 51/54/..., 52/55/...; Δ to the default
+    assert "| 4 | 4 | 300 | 55.50 ± 3.87 | +1.00 | 1.03 → 0.00229 | 449x |" in md
     assert "(in every group: default format" in md
 
 
@@ -155,18 +158,19 @@ def test_missing_runs_fail_with_one_line_and_write_nothing(tmp_path, capsys):
 
 
 def test_partial_marks_what_is_not_run(tmp_path, capsys):
-    fake_table(tmp_path / "runs", "cpu-kjv", skip=("dgc",))
+    fake_table(tmp_path / "runs", "cpu-kjv", skip=("dgc-s0",))
     code, _, _ = run_report(
         ["--table", "cpu-kjv", "--partial", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path)], capsys
     )
     assert code == 0
     md = (tmp_path / "cpu-kjv.md").read_text()
-    assert "| DGC | 4 | not run | 72.24 | - |" in md and "--partial" in md
+    assert "| DGC | 2 | 1 of 2 | 300 | 72.24 | 53.00 |" in md and "--partial" in md
+    assert "| Baseline | 2 | 2 | 300 | 72.30 | 51.00 ± 1.41 |" in md
 
 
 def test_a_run_of_the_wrong_task_is_an_error(tmp_path, capsys):
-    fake_table(tmp_path / "runs", "cpu-kjv", skip=("dgc",))
-    fake_run(tmp_path / "runs" / "cpu-kjv" / "dgc", "fmnist_resnet20", "dgc", {"top1": 1.0})
+    fake_table(tmp_path / "runs", "cpu-kjv", skip=("dgc-s0",))
+    fake_run(tmp_path / "runs" / "cpu-kjv" / "dgc-s0", "fmnist_resnet20", "dgc", {"top1": 1.0})
     code, _, err = run_report(
         ["--table", "cpu-kjv", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "o")], capsys
     )
@@ -215,8 +219,8 @@ def test_cli_wants_a_table_or_run_dirs(capsys):
 
 def test_the_papers_point_sits_at_its_ratio_or_is_left_out():
     rows = {r.key: r for r in get_table("cpu-fmnist").rows}
-    assert report.paper_ratio_of(rows["none"]) == 1.0
+    assert report.paper_ratio_of(rows["none-s0"]) == 1.0
     # the paper's Table 2 gives no ratio for its sparse rows: not drawn at 1x
-    assert report.paper_ratio_of(rows["dgc"]) is None and report.paper_ratio_of(rows["topk"]) is None
+    assert report.paper_ratio_of(rows["dgc-s0"]) is None and report.paper_ratio_of(rows["topk-s1"]) is None
     alexnet = {r.key: r for r in get_table("table3-imagenet").rows}
     assert report.paper_ratio_of(alexnet["alexnet-dgc"]) == 597

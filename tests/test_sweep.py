@@ -1,4 +1,4 @@
-"""The table definitions (dgc.tables) and the sweep driver (python -m dgc.sweep), without training."""
+"""The table definitions (dgc.repro.tables) and the sweep driver (python -m dgc.repro.sweep), without training."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import dgc.train  # noqa: F401  (registers the config schema)
-from dgc import sweep
-from dgc.tables import METRICS, TABLES, get_table
+from dgc.repro import sweep
+from dgc.repro.tables import METRICS, TABLES, get_table
 from tests.test_report import fake_run
 
 ROWS = [(t.name, r) for t in TABLES.values() for r in t.rows]
@@ -23,8 +23,9 @@ def test_tables_are_well_formed(table):
     keys = [r.key for r in table.rows]
     assert len(keys) == len(set(keys)), "row keys must be unique (they name run directories)"
     assert all(m in METRICS for m in table.metrics)
-    for group in {r.group for r in table.rows}:
-        assert sum(r.baseline for r in table.rows if r.group == group) == 1, f"{group} needs one baseline"
+    for group, seed in {(r.group, r.seed) for r in table.rows}:
+        baselines = sum(r.baseline for r in table.rows if (r.group, r.seed) == (group, seed))
+        assert baselines == 1, f"{group} (seed {seed}) needs one baseline"
     for row in table.rows:
         assert row.task in options("task") and row.compression in options("compression")
         assert set(row.paper.metrics) <= set(table.metrics)
@@ -44,37 +45,35 @@ def test_compact_rows_differ_from_the_default_only_in_the_format():
                for r in get_table("cpu-compact").rows}  # fmt: skip
     assert len(cfg) == 12
     for seed in range(4):
-        default, onebit, every = (cfg[f"s{seed}-{k}"] for k in ("default", "compact-1bit", "compact-all"))
-        policies = [vars(c.compression.policy) for c in (default, onebit, every)]
+        default, onebit, every = (cfg[f"{k}-s{seed}"] for k in ("default", "compact-1bit", "compact-all"))
+        policies = [vars(c.sync.policy) for c in (default, onebit, every)]
         assert policies == [
             {"min_ndim": 2, "min_numel": 1, "dense_values": "fp16"},
             {"min_ndim": 2, "min_numel": 1, "dense_values": "1bit"},
             {"min_ndim": 1, "min_numel": 1, "dense_values": "fp16"},
         ]
-        assert default.compression.wire_indices is None  # the compressor's default, delta16
+        assert default.compression.wire_indices == "delta16"  # the compressor's default
         for run in (default, onebit, every):
             assert run.seed == seed and run.compression.name == "dgc" and run.compression.wire_values == "fp16"
             assert run.train.epochs == 4 and run.compression.warmup_epochs == 1 and run.compression.density == 0.001
-            assert run.compression.wire_indices == (None if run is default else "rice")
+            assert run.compression.wire_indices == ("delta16" if run is default else "rice")
 
 
 def test_ablation_rows_switch_one_technique_off():
     with initialize_config_module("dgc.conf", version_base="1.3"):
         cfg = {r.key: compose("config", overrides=r.train_overrides()) for r in get_table("cpu-ablation").rows}
-    assert cfg["dgc"].compression.clip_norm == 1.25 and cfg["dgc"].compression.momentum_correction
-    assert cfg["dgc-no-clip"].compression.clip_norm is None
-    assert not cfg["dgc-no-mc"].compression.momentum_correction and cfg["dgc-no-mc"].compression.clip_norm == 1.25
+    assert cfg["dgc"].sync.clip_norm == 1.25 and cfg["dgc"].compression.momentum_correction
+    assert cfg["dgc-no-clip"].sync.clip_norm is None
+    assert not cfg["dgc-no-mc"].compression.momentum_correction and cfg["dgc-no-mc"].sync.clip_norm == 1.25
     assert not cfg["dgc-no-mask"].compression.momentum_masking
     assert cfg["dgc-no-warmup"].compression.warmup_epochs == 0 and cfg["dgc"].compression.warmup_epochs == 0.5
 
 
 def test_overrides_each_key_once_last_wins():
     row = get_table("cpu-ablation").rows[1]
-    args = sweep.parse_args(
-        ["cpu-ablation", "--data-root", "fmnist=/d/f", "--data-root", "fm=/x", "compression.clip_norm=9"]
-    )
+    args = sweep.parse_args(["cpu-ablation", "--data-root", "fmnist=/d/f", "--data-root", "fm=/x", "sync.clip_norm=9"])
     out = sweep.train_overrides(row, sweep.extra_overrides(row, args), Path("r/d"))
-    assert out.count("compression.clip_norm=9") == 1 and not any(o == "compression.clip_norm=1.25" for o in out)
+    assert out.count("sync.clip_norm=9") == 1 and not any(o == "sync.clip_norm=1.25" for o in out)
     assert "data.root=/d/f" in out and "data.root=/x" not in out
     assert out[-1] == "run_dir=r/d"
 
@@ -96,7 +95,7 @@ def test_slurm_command_splits_ranks_over_nodes():
 def test_bad_arguments_name_the_valid_values(capsys):
     for argv, message in (
         (["table7"], "valid: table2-cifar"),
-        (["cpu-kjv", "--only", "dgc,nope"], "unknown row nope of cpu-kjv; valid: none, dgc"),
+        (["cpu-kjv", "--only", "dgc-s0,nope"], "unknown row nope of cpu-kjv; valid: none-s0, dgc-s0, none-s1, dgc-s1"),
         (["cpu-kjv", "notanoverride"], "not a dgc.train override"),
         (["cpu-kjv", "--data-root", "x"], "PREFIX=PATH"),
     ):
@@ -108,7 +107,7 @@ def test_bad_arguments_name_the_valid_values(capsys):
 def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
     """Each run is one torchrun (faked here: it writes the run directory), then the report."""
     runs, out = tmp_path / "runs", tmp_path / "results"
-    stale = runs / "cpu-fmnist" / "dgc"
+    stale = runs / "cpu-fmnist" / "dgc-s0"
     stale.mkdir(parents=True)
     (stale / "metrics.jsonl").write_text("old\n")
     commands = []
@@ -123,7 +122,7 @@ def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep.subprocess, "run", fake_torchrun)
     sweep.main(["cpu-fmnist", "--world-size", "2", "--runs-root", str(runs), "--out", str(out), "train.max_steps=3"])
-    assert len(commands) == 3 and all("--nproc_per_node=2" in c and "train.max_steps=3" in c for c in commands)
+    assert len(commands) == 6 and all("--nproc_per_node=2" in c and "train.max_steps=3" in c for c in commands)
     assert not (stale / "metrics.jsonl").read_text().startswith("old")
     assert (out / "cpu-fmnist.md").is_file() and (out / "cpu-fmnist-steps.png").is_file()
 
@@ -135,7 +134,7 @@ def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
 
 def test_local_sweep_stops_at_a_failed_run(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 3))
-    with pytest.raises(SystemExit, match="run cpu-kjv/none failed"):
+    with pytest.raises(SystemExit, match="run cpu-kjv/none-s0 failed"):
         sweep.main(["cpu-kjv", "--runs-root", str(tmp_path)])
     assert not (tmp_path / "results").exists()
 
@@ -152,4 +151,4 @@ def test_slurm_sweep_submits_runs_then_a_dependent_report(tmp_path, monkeypatch)
     (run1, n1), (run2, _), (rep, _) = submitted
     assert n1 == "4" and "data.root=/data/ptb" in run1 and "compression=dgc" in run2
     assert "--dependency=afterok:101:102" in rep
-    assert any(a.startswith("--wrap=") and "dgc.report --table table4-ptb" in a for a in rep)
+    assert any(a.startswith("--wrap=") and "dgc.repro.report --table table4-ptb" in a for a in rep)

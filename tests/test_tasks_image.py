@@ -12,14 +12,14 @@ import torch
 import yaml
 from dgc.conf import options
 from dgc.tasks import build_task
-from dgc.tasks.images import DataError, cifar10, fmnist, imagefolder, read_idx
+from dgc.tasks.image_data import DataError, cifar10, fmnist, imagefolder, read_idx
 from dgc.tasks.models import build_model
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
 from dgc.distributed import init_distributed
-from dgc.trainer import Trainer
+from dgc.repro.trainer import Trainer
 from tests.datafiles import write_cifar10, write_fmnist, write_imagefolder
 
 

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from dgc.tasks.language import LanguageModeling, batchify, perplexity
+from dgc.tasks.language_modeling import LanguageModeling, batchify, perplexity
 from dgc.tasks.rnn_models import lstm_lm
-from dgc.tasks.text import build_kjv, kjv_splits, kjv_verses, ptb_normalize, read_tokens
+from dgc.tasks.text_corpora import build_kjv, kjv_splits, kjv_verses, ptb_normalize, read_tokens
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from torch import nn
 
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
-from dgc.config import Config
 from dgc.distributed import DistInfo, init_distributed
-from dgc.trainer import ConfigError, Trainer
+from dgc.repro.config import Config
+from dgc.repro.trainer import ConfigError, Trainer
 
 CPU = torch.device("cpu")
 TINY_MODEL = ["model.args.embed=16", "model.args.hidden=16", "model.args.layers=1"]
@@ -89,11 +89,12 @@ def test_ptb_lstm_config_is_the_papers_setup():
     assert cfg.data.args["bptt"] == 35 and cfg.train.batch_size == 20 and cfg.train.epochs == 40
     assert cfg.optim.momentum == 0 and cfg.optim.lr == 20 and cfg.optim.grad_clip == 0.25
     # DGC: 1 warm-up epoch of 40, local clipping at the dense clip
-    assert cfg.compression.warmup_epochs == 1 and cfg.compression.clip_norm == 0.25
-    assert config("task=ptb_lstm").compression.clip_norm is None
-    # the CPU stand-in: 2 of its 6 epochs of warm-up, the same local clip as its dense clip
+    assert cfg.compression.warmup_epochs == 1 and cfg.sync.clip_norm == 0.25
+    assert config("task=ptb_lstm").sync.clip_norm is None
+    # the CPU stand-in: the paper's PTB rules, 1 warm-up epoch (of 12), the same local clip as its dense clip
     kjv = config("task=kjv_lstm", "compression=dgc")
-    assert kjv.compression.warmup_epochs == 2 and kjv.compression.clip_norm == kjv.optim.grad_clip == 0.25
+    assert kjv.compression.warmup_epochs == 1 and kjv.sync.clip_norm == kjv.optim.grad_clip == 0.25
+    assert kjv.train.epochs == 12 and kjv.train.batch_size == 10 and kjv.optim.milestones == [8, 10]
 
 
 def test_ptb_model_has_the_papers_gradient_size():

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from dgc.tasks.audio import (
+from dgc.tasks.rnn_models import deepspeech
+from dgc.tasks.speech_data import (
     ALPHABET,
     LIBRIVOX_DIR,
     Features,
@@ -32,15 +33,14 @@ from dgc.tasks.audio import (
     read_sphinx_transcription,
     wer,
 )
-from dgc.tasks.audio import edit_distance as ed
-from dgc.tasks.rnn_models import deepspeech
+from dgc.tasks.speech_data import edit_distance as ed
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
-from dgc.config import Config
 from dgc.distributed import init_distributed
-from dgc.trainer import ConfigError, Trainer
+from dgc.repro.config import Config
+from dgc.repro.trainer import ConfigError, Trainer
 
 SR = 16_000
 TINY_MODEL = ["model.args.hidden=16", "model.args.layers=1", "model.args.conv_channels=4"]
@@ -222,7 +222,7 @@ def test_an4_deepspeech_trains_two_steps_with_dgc(tmp_path):
         "task=an4_deepspeech", "compression=dgc", f"data.root={root}", f"run_dir={tmp_path / 'run'}", *RUN, *TINY_MODEL
     )
     assert cfg.model.args["rnn_type"] == "lstm" and cfg.model.args["hidden"] == 16
-    assert cfg.compression.warmup_epochs == 1 and cfg.compression.clip_norm == 400
+    assert cfg.compression.warmup_epochs == 1 and cfg.sync.clip_norm == 400
     summary = Trainer(cfg, init_distributed("cpu")).fit()
     assert summary["steps"] == 2 and summary["compression"] == "dgc"
     assert math.isfinite(summary["metrics"]["loss"]) and "wer" in summary["metrics"]
@@ -231,7 +231,7 @@ def test_an4_deepspeech_trains_two_steps_with_dgc(tmp_path):
 def test_synth_deepspeech_dgc_settings():
     # the CPU stand-in's DGC: 3 of 20 warm-up epochs, local clipping tighter than its dense clip of 400
     cfg = config("task=synth_deepspeech", "compression=dgc")
-    assert cfg.compression.warmup_epochs == 3 and cfg.compression.clip_norm == 100 and cfg.optim.grad_clip == 400
+    assert cfg.compression.warmup_epochs == 3 and cfg.sync.clip_norm == 100 and cfg.optim.grad_clip == 400
 
 
 def test_losses_fall_on_a_tiny_corpus(tmp_path):

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
-from dgc.config import Config
 from dgc.distributed import init_distributed
-from dgc.trainer import ConfigError, Trainer, learning_rate
+from dgc.repro.config import Config, config_from_dict
+from dgc.repro.trainer import ConfigError, Trainer, learning_rate
 from tests.datafiles import write_fmnist
 
 TINY = [
@@ -45,7 +46,7 @@ def cli(args: list[str], cwd: Path, torchrun: bool = False, env: dict | None = N
     else:
         cmd = [sys.executable, "-m", "dgc.train"]
     # no crash hook and no launcher variables (RANK, WORLD_SIZE, SLURM_*) from whatever runs the tests
-    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DGC_TEST_KILL_AFTER_STEP")
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DGC_FAULTS")
     full_env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
     full_env.update({"OMP_NUM_THREADS": "1", **(env or {})})
     cwd.mkdir(parents=True, exist_ok=True)
@@ -137,7 +138,7 @@ def test_torchrun_two_ranks(torchrun_run):
     assert [r["step"] for r in records(run_dir, "eval")] == [6, 8]
     assert [r["step"] for r in records(run_dir, "train")] == list(range(1, 9))
     # the rate is scaled by the 2 workers and follows the warm-up of the fmnist task
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(run_dir / "config.yaml")))
+    cfg = config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
     for r in records(run_dir, "train"):
         assert r["lr"] == pytest.approx(learning_rate(cfg, 2 * cfg.optim.lr, (r["step"] - 1) / 6), rel=1e-9)
     # one line of console output per rank-0 event, none from rank 1
@@ -153,8 +154,8 @@ def test_torchrun_crash_and_resume(torchrun_run, fmnist, tmp_path):
     (reference,) = cwd.glob("runs/*/*/*")
     run_dir = tmp_path / "b"
     args = [*TORCHRUN, f"data.root={fmnist}", f"run_dir={run_dir}"]
-    # both ranks kill themselves during step 4, after the checkpoint of step 2 and the log line of step 3
-    out = cli(args, tmp_path, torchrun=True, env={"DGC_TEST_KILL_AFTER_STEP": "3"})
+    # both ranks kill themselves after step 3: after the checkpoint of step 2 and the log line of step 3
+    out = cli(args, tmp_path, torchrun=True, env={"DGC_FAULTS": "kill@3"})
     assert out.returncode != 0
     assert not (run_dir / "summary.json").exists()
     assert load(run_dir)["counters"]["step"] == 2
@@ -178,8 +179,8 @@ def test_crash_and_resume(fmnist, tmp_path):
     out = cli([*args, f"run_dir={a}"], tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
 
-    # killed during step 6: after the checkpoint of step 4 and after step 5 was logged
-    out = cli([*args, f"run_dir={b}"], tmp_path, env={"DGC_TEST_KILL_AFTER_STEP": "5"})
+    # killed after step 5: after the checkpoint of step 4 and after step 5 was logged
+    out = cli([*args, f"run_dir={b}"], tmp_path, env={"DGC_FAULTS": "kill@5"})
     assert out.returncode == -signal.SIGKILL
     assert not (b / "summary.json").exists()
     assert load(b)["counters"]["step"] == 4
@@ -200,7 +201,7 @@ def test_crash_and_resume(fmnist, tmp_path):
 def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
     """One checkpoint per step, and at the end of an epoch or of the run it is taken after the evaluation
     (a resumed run then neither evaluates nor logs that step twice)."""
-    from dgc.run import RunFiles
+    from dgc.repro.rundir import RunFiles
 
     saved = []
     original = RunFiles.save_checkpoint

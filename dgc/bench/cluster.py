@@ -21,7 +21,7 @@ Reported per method: ``exchange_s``, ``compress_s``, ``communicate_s`` and ``dec
 inside the collectives), ``sent_bytes`` per rank and step (rank 0, last step), ``wire_ratio``,
 ``speedup_vs_none`` and ``speedup_vs_fp16`` (ratios of median exchange times in this run).
 
-End-to-end mode (``--e2e``): real training steps through the trainer (:class:`dgc.trainer.Trainer`,
+End-to-end mode (``--e2e``): real training steps through the trainer (:class:`dgc.repro.trainer.Trainer`,
 the code ``python -m dgc.train`` runs) on Fashion-MNIST with ``fmnist_wide``, an AlexNet-shaped
 net for 28x28 grey images (two 5x5 convolutions, then 6272-2048-2048-10 fully connected: 17.3M
 parameters, 69 MB of fp32 gradient, whose compute per step is small next to a dense exchange on
@@ -50,24 +50,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from dgc import atomic, seeding
 from dgc.bench.common import (
-    COMPACT_ALL_POLICY,
-    COMPACT_OPTIONS,
-    COMPACT_POLICY,
     BenchError,
+    configuration,
+    configurations,
     emit,
     int_arg,
     log,
+    non_default,
     positive_int_arg,
     run_info,
-    write_json_atomic,
 )
 
 NETCLUSTER = Path(__file__).resolve().parents[2] / "launch" / "netcluster.py"
@@ -76,75 +76,23 @@ DEFAULT_METHODS = "none,fp16,powersgd,topk,dgc"
 DEFAULT_E2E_METHODS = "local,none,fp16,powersgd,dgc"
 
 
-@dataclass(frozen=True)
-class Method:
-    compressor: str
-    options: dict[str, Any] = field(default_factory=dict)
-    policy: dict[str, Any] = field(default_factory=dict)
-
-
-#: exchange methods by name
-METHODS: dict[str, Method] = {
-    "none": Method("none"),
-    "fp16": Method("fp16"),
-    "powersgd": Method("powersgd", {"rank": 4}),
-    "topk": Method("topk", {"density": 0.001}),
-    "dgc": Method("dgc", {"density": 0.001}),
-    "dgc_fp16": Method("dgc", {"density": 0.001, "wire_values": "fp16"}),
-    "dgc_compact": Method("dgc", {"density": 0.001, **COMPACT_OPTIONS}, dict(COMPACT_POLICY)),
-    "dgc_compact_all": Method("dgc", {"density": 0.001, **COMPACT_OPTIONS}, dict(COMPACT_ALL_POLICY)),
-}
+#: exchange methods by name: every compression preset and the benchmark variants (dgc.bench.common)
+METHODS = tuple(configurations())
 #: end-to-end methods: "local" is the no-communication reference
 E2E_METHODS = ("local", *METHODS)
 
 
-# -- models ---------------------------------------------------------------------------------
-class LSTMLanguageModel(nn.Module):
-    """Zaremba et al.'s large PTB model: 2 x 1500 LSTM, 10k vocabulary, tied embedding/decoder."""
-
-    def __init__(self, vocab: int = 10_000, hidden: int = 1500, layers: int = 2):
-        super().__init__()
-        self.embedding = nn.Embedding(vocab, hidden)
-        self.lstm = nn.LSTM(hidden, hidden, layers)
-        self.decoder = nn.Linear(hidden, vocab)
-        self.decoder.weight = self.embedding.weight  # tied: one parameter, counted once
-
-
-class FmnistWide(nn.Module):
-    """AlexNet-shaped net for 28x28 grey images: a little convolution, wide fully connected layers."""
-
-    def __init__(self, num_classes: int = 10, width: int = 2048):
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 64, 5, padding=2),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-            nn.Conv2d(64, 128, 5, padding=2),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(128 * 7 * 7, width),
-            nn.ReLU(inplace=True),
-            nn.Linear(width, width),
-            nn.ReLU(inplace=True),
-            nn.Linear(width, num_classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
-
-
 def build_shapes(name: str, seed: int = 0) -> nn.Module:
     """A module holding the parameters (shapes) of model ``name``."""
+    from dgc.tasks.models import build_model
+
     torch.manual_seed(seed)
     if name in ("resnet50", "alexnet"):
         import torchvision
 
         return torchvision.models.get_model(name, weights=None)
-    if name == "lstm":
-        return LSTMLanguageModel()
+    if name == "lstm":  # Zaremba et al.'s large PTB model: 2 x 1500 LSTM, 10k vocabulary, tied
+        return build_model("lstm_lm", vocab_size=10_000)
     if name == "tiny":
         return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
     raise BenchError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
@@ -307,7 +255,7 @@ def worker(args: argparse.Namespace) -> None:
         shutdown(clean=False)
         raise
     if info.is_main and args.worker_out:
-        write_json_atomic(args.worker_out, json.dumps(result, indent=2, allow_nan=False))
+        atomic.write_json(args.worker_out, result, allow_nan=False)
     shutdown()
 
 
@@ -324,14 +272,12 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
     for p in params:  # every gradient is a view of one buffer, refilled with one copy
         p.grad = grad_buf[start : start + p.numel()].view_as(p)
         start += p.numel()
-    syncs = {}
-    for name in methods:
-        spec = METHODS[name]
-        comp = dgc.build_compressor(spec.compressor, **spec.options)
-        sync = dgc.GradientSync(model, comp, policy=dgc.Policy(**spec.policy))
+    syncs, specs = {}, {name: configuration(name) for name in methods}
+    for name, spec in specs.items():
+        sync = spec.sync.build(model, dgc.build_compressor(spec.compression))
         dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)  # gives DGC its momentum
         syncs[name] = sync
-    gen = torch.Generator().manual_seed(args.seed * 1_000_003 + info.rank)
+    gen = seeding.generator(args.seed, info.rank)
     fresh = torch.empty(total)
     records: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
     last: dict[str, Any] = {}
@@ -368,9 +314,9 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
         stats = last[name]
         row = summary[name]
         row.update(
-            compressor=METHODS[name].compressor,
-            options=METHODS[name].options,
-            policy=METHODS[name].policy,
+            compressor=specs[name].compression.name,
+            options=non_default(specs[name].compression),
+            policy=non_default(specs[name].sync.policy),
             sent_bytes=stats.sent_bytes,
             sent_bytes_max_rank=max(g["sent"][name] for g in gathered),
             dense_sent_bytes=stats.dense_sent_bytes,
@@ -408,18 +354,16 @@ def _setup(args: argparse.Namespace, info) -> dict[str, Any]:  # noqa: ANN001
 
 # -- end to end -----------------------------------------------------------------------------
 def e2e_config(method: str, batch_size: int, seed: int, run_dir: str):  # noqa: ANN201
-    from dgc.config import CompressionConfig, Config, DataConfig, ModelConfig, OptimConfig, TaskConfig, TrainConfig
+    from dgc.repro.config import Config, DataConfig, ModelConfig, OptimConfig, TaskConfig, TrainConfig
 
-    spec = METHODS["none" if method == "local" else method]
-    comp = CompressionConfig(name=spec.compressor, **spec.options)
-    for key, value in spec.policy.items():
-        setattr(comp.policy, key, value)
+    spec = configuration("none" if method == "local" else method)
     return Config(
         task=TaskConfig(name="fmnist_wide", kind="image"),
-        model=ModelConfig(name="bench_fmnist_wide", args={}),
+        model=ModelConfig(name="fmnist_wide", args={}),
         data=DataConfig(name="fmnist", root="/usr/share/datasets/fashion-mnist", augment=False),
         optim=OptimConfig(lr=0.01, momentum=0.9, weight_decay=1e-4, schedule="constant"),
-        compression=comp,
+        compression=spec.compression,
+        sync=replace(spec.sync),
         train=TrainConfig(epochs=1.0, batch_size=batch_size, log_every=1, progress=False),
         run_dir=run_dir,
         seed=seed,
@@ -427,37 +371,19 @@ def e2e_config(method: str, batch_size: int, seed: int, run_dir: str):  # noqa: 
     )
 
 
-def skip_exchange(sync) -> None:  # noqa: ANN001 - a dgc.GradientSync
-    """Make ``sync.step()`` do nothing: each rank keeps its own gradient (the no-communication reference)."""
-    from dgc.sync import StepStats
-
-    dense = sum(p.numel() for _, p in sync.params) * 4
-
-    def step() -> StepStats:
-        sync.steps += 1
-        sync.last = StepStats(sync.steps, 0.0, 1.0, dense_bytes=dense, sent_bytes=0, recv_bytes=0, collectives=0)
-        return sync.last
-
-    sync.step = step
-
-
 def run_e2e(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any]:  # noqa: ANN001
     import torch.distributed as dist
 
-    from dgc.tasks.models import MODELS as TASK_MODELS
-    from dgc.tasks.models import register_model
-    from dgc.trainer import Trainer
+    from dgc.comm import Comm
+    from dgc.repro.trainer import Trainer
 
-    if "bench_fmnist_wide" not in TASK_MODELS:
-        register_model("bench_fmnist_wide", FmnistWide)
     trainers, batches = {}, {}
     with tempfile.TemporaryDirectory(prefix="dgc-e2e-") as tmp:  # never written: the runs are not opened
         for name in methods:
-            trainer = Trainer(e2e_config(name, args.batch_size, args.seed, os.path.join(tmp, name)), info)
-            if name == "local":
-                skip_exchange(trainer.sync)
-            trainers[name] = trainer
-            batches[name] = trainer.task.train_batches(0)
+            config = e2e_config(name, args.batch_size, args.seed, os.path.join(tmp, name))
+            # the reference exchanges nothing: each rank steps with its own gradient
+            trainers[name] = Trainer(config, info, comm=Comm.local() if name == "local" else None)
+            batches[name] = trainers[name].task.train_batches(0)
     numel = sum(p.numel() for p in trainers[methods[0]].model.parameters())
     if info.is_main:
         log(f"cluster e2e: fmnist_wide {numel} parameters, batch {args.batch_size} per rank, methods {methods}")
@@ -467,7 +393,7 @@ def run_e2e(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any
         order = methods[step % len(methods) :] + methods[: step % len(methods)]
         for name in order:
             dist.barrier()
-            row = trainers[name]._train_step(batches[name])
+            row = trainers[name].train_step(batches[name])
             sent[name] = int(row["sent_bytes"])
             if step >= args.warmup:
                 records[name].append({k: float(row[k]) for k in ("step_s", "compute_s", "compress_s", "communicate_s")})
@@ -482,12 +408,13 @@ def run_e2e(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any
         row["sent_bytes"] = sent[name] if name != "local" else 0
         row["dense_bytes"] = numel * 4
         row["step_over_local"] = row["step_s"] / local if local else None
-        row["compression"] = "none (exchange skipped)" if name == "local" else METHODS[name].compressor
-        row["options"] = {} if name == "local" else METHODS[name].options
+        spec = configuration("none" if name == "local" else name)
+        row["compression"] = "none (exchange skipped)" if name == "local" else spec.compression.name
+        row["options"] = {} if name == "local" else non_default(spec.compression)
     return {
         "mode": "e2e",
         "task": "fmnist_wide",
-        "model": "bench_fmnist_wide (conv 1-64-128, fc 6272-2048-2048-10)",
+        "model": "fmnist_wide (conv 1-64-128, fc 6272-2048-2048-10)",
         "numel": numel,
         "batch_size_per_rank": args.batch_size,
         **_setup(args, info),
@@ -539,16 +466,8 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     ax.set_yticks(list(y), methods)
     ax.invert_yaxis()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        atomic.save_figure(path, fig, dpi=110)
     finally:
         plt.close(fig)
     return path

@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmarks: argument checks, run metadata, atomic JSON output."""
+"""Shared helpers of the benchmarks: argument checks, run metadata, JSON output."""
 
 from __future__ import annotations
 
@@ -9,20 +9,22 @@ import os
 import platform
 import shlex
 import sys
-import tempfile
 import time
+from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 
-#: the compact configuration (conf/compression/dgc_compact.yaml says the same): DGC's values in fp16
-#: with Rice-coded index gaps, the tensors it leaves dense (BatchNorm, biases) in 1 bit per value with
-#: error feedback; ``COMPACT_ALL_POLICY`` makes every tensor sparse instead
-COMPACT_OPTIONS: dict[str, Any] = {"wire_values": "fp16", "wire_indices": "rice"}
-COMPACT_POLICY: dict[str, Any] = {"dense_values": "1bit"}
-COMPACT_ALL_POLICY: dict[str, Any] = {"min_ndim": 1}
+from dgc import atomic, distributed, presets
+
+#: measured besides the compression presets: name -> (preset, overrides)
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "dgc_int32": ("dgc", ("compression.wire_indices=int32",)),
+    "dgc_fp16": ("dgc", ("compression.wire_values=fp16",)),
+    "dgc_rice": ("dgc", ("compression.wire_indices=rice",)),
+}
 
 
 class BenchError(Exception):
@@ -34,6 +36,36 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def configurations() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """What the benchmarks can measure, in output order: every preset, each variant after its preset."""
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for name in presets.names():
+        out[name] = (name, ())
+        out.update({v: spec for v, spec in VARIANTS.items() if spec[0] == name})
+    return out
+
+
+def configuration(name: str, density: float | None = None) -> presets.Preset:
+    """The preset of configuration ``name``; sparse methods at ``density`` when given."""
+    if name not in configurations():
+        raise BenchError(f"unknown method {name!r}; valid: {','.join(configurations())}")
+    base, overrides = configurations()[name]
+    spec = presets.preset(base, overrides)
+    if density is not None and "density" in {f.name for f in fields(spec.compression)}:
+        spec = presets.preset(base, (*overrides, f"compression.density={density}"))
+    return spec
+
+
+def non_default(config: Any) -> dict[str, Any]:
+    """The fields of a dataclass that differ from their defaults (``name`` left out)."""
+    default = type(config)()
+    return {
+        f.name: getattr(config, f.name)
+        for f in fields(config)
+        if f.name != "name" and getattr(config, f.name) != getattr(default, f.name)
+    }
 
 
 def log(message: str) -> None:
@@ -72,10 +104,13 @@ def int_arg(text: str) -> int:
 # -- devices and timing -----------------------------------------------------------------
 def resolve_device(name: str) -> torch.device:
     """``cpu`` or ``cuda``; a BenchError when CUDA is asked for and not usable."""
-    if name == "cuda" and not torch.cuda.is_available():
+    try:
+        return distributed.resolve_device(name)
+    except ValueError:
         built = torch.version.cuda or "no CUDA"
-        raise BenchError(f"--device cuda: CUDA is not available here (torch {torch.__version__}, built with {built})")
-    return torch.device(name)
+        raise BenchError(
+            f"--device {name}: CUDA is not available here (torch {torch.__version__}, built with {built})"
+        ) from None
 
 
 def synchronizer(device: torch.device):  # noqa: ANN201 - returns a no-argument callable
@@ -127,34 +162,11 @@ def finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def write_json_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a result file is not
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
-
-
 def emit(result: dict[str, Any], out: str | os.PathLike[str]) -> str:
     """Print ``result`` as one JSON object on stdout and write the same text to ``out``."""
     text = json.dumps(result, indent=2, allow_nan=False) + "\n"
     try:
-        path = write_json_atomic(out, text)
+        path = atomic.write_text(out, text)
     except OSError as e:
         raise BenchError(f"cannot write {out}: {e}") from None
     sys.stdout.write(text)

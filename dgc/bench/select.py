@@ -49,8 +49,8 @@ from dgc.bench.common import (
     run_info,
     synchronizer,
 )
+from dgc.compressors import DGC
 from dgc.compressors.base import Item
-from dgc.compressors.sparse import DGC
 from dgc.select import target_count
 from dgc.timing import Phases
 

@@ -1,16 +1,13 @@
 """``python -m dgc.bench wire``: bytes on the wire per step, every compressor, one real model.
 
 The model (any torchvision classification model, built with ``weights=None``, so
-nothing is downloaded) gives the real parameter shapes. For every compressor in
-:data:`dgc.COMPRESSORS`, plus the variants ``dgc_int32`` (int32 indices),
-``dgc_fp16`` (fp16 values), ``dgc_rice`` (Rice-coded index gaps) and
-``dgc_compact`` (fp16 values, Rice-coded gaps, and BatchNorm/bias in 1 bit with error feedback:
-policy ``dense_values=1bit``), ``dgc_compact_all`` (fp16 values, Rice-coded gaps, every tensor
-sparse: policy ``min_ndim=1``), and ``topk`` at the same density, a
-:class:`dgc.GradientSync` with the default policy (unless the variant says) and a :class:`dgc.SGD`
-(lr 0.1, momentum 0.9) run ``--steps`` steps in this single process: no process
-group, world size 1, but the compressors still encode and decode their messages
-and the communicator counts the bytes each would put into the collectives. The
+nothing is downloaded) gives the real parameter shapes. For every compression preset of
+``conf/compression/`` (:mod:`dgc.presets`: what ``python -m dgc.train compression=<name>`` uses),
+plus the variants ``dgc_int32`` (int32 indices), ``dgc_fp16`` (fp16 values) and ``dgc_rice``
+(Rice-coded index gaps), with the sparse ones at ``--density``, the preset's
+:class:`dgc.GradientSync` and a :class:`dgc.SGD` (lr 0.1, momentum 0.9) run ``--steps`` steps in
+this single process: no process group, world size 1, but the compressors still encode and decode
+their messages and the communicator counts the bytes each would put into the collectives. The
 gradients are seeded normal values, drawn afresh every step (the same sequence
 for every compressor). ``opt.step()`` is never called: the weights do not matter.
 
@@ -31,41 +28,18 @@ import torch
 
 import dgc
 from dgc.bench.common import (
-    COMPACT_ALL_POLICY,
-    COMPACT_OPTIONS,
-    COMPACT_POLICY,
     BenchError,
+    configuration,
+    configurations,
     density_arg,
     emit,
     finite,
     int_arg,
     log,
+    non_default,
     positive_int_arg,
     run_info,
 )
-from dgc.compressors import compressor_options
-
-#: extra configurations: name -> (compressor, options besides the density, policy options)
-VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "dgc_int32": ("dgc", {"wire_indices": "int32"}, {}),
-    "dgc_fp16": ("dgc", {"wire_values": "fp16"}, {}),
-    "dgc_rice": ("dgc", {"wire_indices": "rice"}, {}),
-    # the compact configuration: fp16 values, Rice-coded gaps, BatchNorm and biases in 1 bit (in
-    # fp32 they would cost more than all the sparse values); or every tensor sparse
-    "dgc_compact": ("dgc", dict(COMPACT_OPTIONS), dict(COMPACT_POLICY)),
-    "dgc_compact_all": ("dgc", dict(COMPACT_OPTIONS), dict(COMPACT_ALL_POLICY)),
-}
-
-
-def configurations() -> dict[str, tuple[str, dict[str, Any], dict[str, Any]]]:
-    """Every configuration measured, in output order: the registry, each variant after its base."""
-    out: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {}
-    for name in dgc.COMPRESSORS:
-        out[name] = (name, {}, {})
-        for vname, (base, opts, policy) in VARIANTS.items():
-            if base == name:
-                out[vname] = (base, dict(opts), dict(policy))
-    return out
 
 
 @functools.cache
@@ -145,14 +119,6 @@ def model_numel(model: torch.nn.Module) -> dict[str, int]:
     }
 
 
-def build(name: str, density: float) -> tuple[dgc.compressors.Compressor, dict[str, Any], dict[str, Any]]:
-    """The compressor of configuration ``name``, the options it was built with and its policy options."""
-    base, opts, policy = configurations()[name]
-    if "density" in compressor_options(base):
-        opts = {"density": density, **opts}
-    return dgc.build_compressor(base, **opts), opts, policy
-
-
 def fill_grads(params: list[torch.nn.Parameter], gen: torch.Generator) -> None:
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype)
@@ -160,8 +126,9 @@ def fill_grads(params: list[torch.nn.Parameter], gen: torch.Generator) -> None:
 
 def measure(model: torch.nn.Module, name: str, density: float, seed: int = 0, steps: int = 3) -> dict[str, Any]:
     """Run ``steps`` exchanges of configuration ``name``; the last step's numbers."""
-    comp, opts, policy = build(name, density)
-    sync = dgc.GradientSync(model, comp, policy=dgc.Policy(**policy))
+    spec = configuration(name, density)
+    comp = dgc.build_compressor(spec.compression)
+    sync = spec.sync.build(model, comp)
     dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)  # gives dgc its momentum
     params = [p for _, p in sync.params]
     gen = torch.Generator().manual_seed(seed)
@@ -174,8 +141,8 @@ def measure(model: torch.nn.Module, name: str, density: float, seed: int = 0, st
         p.grad = None
     return {
         "compressor": comp.name,
-        "options": opts,
-        "policy": policy,
+        "options": non_default(spec.compression),
+        "policy": non_default(spec.sync.policy),
         "dense_bytes": stats.dense_bytes,
         "sent_bytes": stats.sent_bytes,
         "recv_bytes": stats.recv_bytes,

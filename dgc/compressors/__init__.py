@@ -1,55 +1,51 @@
-"""Compressors by name: ``build_compressor("dgc", density=0.001)``."""
+"""Compressors by name: ``build_compressor("dgc", density=0.001)``.
+
+Every module of this package is imported here, and each compressor class in it registers itself
+(:func:`~dgc.compressors.base.register`): a new method is one new module.
+"""
 
 from __future__ import annotations
 
-import inspect
+import importlib
+import pkgutil
 from typing import Any
 
-from dgc.compressors.base import Compressor, Item
-from dgc.compressors.dense import FP16, Dense
-from dgc.compressors.powersgd import PowerSGD
-from dgc.compressors.sparse import DGC, SparseCompressor, TopK
-from dgc.compressors.terngrad import TernGrad
+from dgc.compressors.base import (
+    COMPRESSORS,
+    Compressor,
+    CompressorConfig,
+    Item,
+    compressor_class,
+    compressor_options,
+    config_class,
+    make_config,
+    register,
+)
 
-COMPRESSORS: dict[str, type[Compressor]] = {cls.name: cls for cls in (Dense, FP16, TopK, DGC, TernGrad, PowerSGD)}
-
-
-def compressor_options(name: str) -> list[str]:
-    """The keyword arguments compressor ``name`` accepts."""
-    params = inspect.signature(get_compressor_class(name).__init__).parameters
-    return [p for p in params if p != "self"]
-
-
-def get_compressor_class(name: str) -> type[Compressor]:
-    if name not in COMPRESSORS:
-        raise ValueError(f"unknown compressor {name!r}; valid: {', '.join(COMPRESSORS)}")
-    return COMPRESSORS[name]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+# every registered class by its class name: ``from dgc.compressors import DGC``
+globals().update({cls.__name__: cls for cls in COMPRESSORS.values()})
 
 
-def build_compressor(name: str, **kwargs: Any) -> Compressor:
-    """Build a compressor by name; unknown names or options raise a ValueError naming the valid ones."""
-    cls = get_compressor_class(name)
-    valid = compressor_options(name)
-    unknown = sorted(set(kwargs) - set(valid))
-    if unknown:
-        raise ValueError(
-            f"compressor {name!r} has no option {', '.join(unknown)}; valid: {', '.join(valid) or '(none)'}"
-        )
-    return cls(**kwargs)
+def build_compressor(name: str | CompressorConfig, **options: Any) -> Compressor:
+    """A compressor by name and options, or from its config; bad names or options raise a ValueError
+    naming the valid ones."""
+    if isinstance(name, CompressorConfig):
+        return compressor_class(name.name)(name, **options)
+    return compressor_class(name)(make_config(name, **options))
 
 
 __all__ = [
     "COMPRESSORS",
-    "DGC",
-    "FP16",
     "Compressor",
-    "Dense",
+    "CompressorConfig",
     "Item",
-    "PowerSGD",
-    "SparseCompressor",
-    "TernGrad",
-    "TopK",
     "build_compressor",
+    "compressor_class",
     "compressor_options",
-    "get_compressor_class",
+    "config_class",
+    "make_config",
+    "register",
+    *(cls.__name__ for cls in COMPRESSORS.values()),
 ]

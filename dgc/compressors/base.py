@@ -1,22 +1,56 @@
-"""The compressor interface shared by every method.
+"""The compressor interface shared by every method, its configuration, and the registry.
 
-A compressor receives the gradients of the tensors it handles (one :class:`Item`
-each, the same tensors in the same order on every worker), issues its
-collectives through a :class:`~dgc.comm.Comm` and writes the averaged
-(decompressed) gradient back into ``item.grad`` in place. Per-tensor state
-(residuals, momenta, error buffers) is keyed by parameter name so that it can be
-saved and restored whatever the bucketing.
+A compressor receives the gradients of the tensors it handles (one :class:`Item` each, the same
+tensors in the same order on every worker), issues its collectives through the
+:class:`~dgc.comm.Comm` it is given and writes the averaged (decompressed) gradient back into
+``item.grad`` in place. Per-tensor state (residuals, momenta, error buffers) is keyed by parameter
+name so that it can be saved and restored whatever the bucketing.
+
+Each compressor owns a :class:`CompressorConfig` subclass: its options, their defaults and their
+checks (``__post_init__``) in one place. The same dataclass is the Hydra schema of the
+``compression`` config group, so a new compressor is its module (config + class, decorated with
+:func:`register`), a ``conf/compression/<name>.yaml`` preset and its tests.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import torch
 
 from dgc.comm import Comm
 from dgc.timing import Phases
+
+
+@dataclass
+class CompressorConfig:
+    """Base of every compressor's options. ``name`` selects the compressor."""
+
+    name: str = "???"
+
+    def build(self) -> Compressor:
+        """The compressor these options describe."""
+        return compressor_class(self.name)(self)
+
+
+def check_number(value: Any, what: str, low: float, high: float, *, low_open: bool = True, high_open: bool = False):
+    """``value`` as a float when it is a number in the interval, else a ValueError naming the interval."""
+    lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+    message = f"{what} must be a number in {lo}{low:g}, {high:g}{hi}, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValueError(message)
+    value = float(value)
+    if value < low or value > high or (low_open and value == low) or (high_open and value == high):
+        raise ValueError(message)
+    return value
+
+
+def check_int(value: Any, what: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{what} must be an integer >= {low}, got {value!r}")
+    return value
 
 
 @dataclass
@@ -31,14 +65,25 @@ class Item:
 
 
 class Compressor:
-    """Base class. Subclasses set ``name`` and implement :meth:`exchange`."""
+    """Base class. Subclasses set ``name`` and ``config_class`` and implement :meth:`exchange`.
+
+    ``Compressor(config)`` or ``Compressor(**options)`` (options of ``config_class``).
+    """
 
     name: ClassVar[str] = ""
+    config_class: ClassVar[type[CompressorConfig]] = CompressorConfig
     #: True for compressors that apply to every tensor (dense baselines): the
     #: sparse/dense policy does not apply to them.
     handles_all_tensors: ClassVar[bool] = False
 
-    def __init__(self) -> None:
+    def __init__(self, config: CompressorConfig | None = None, **options: Any) -> None:
+        if config is None:
+            config = build_config(self.config_class, self.name, options)
+        elif not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, not {type(config).__name__}")
+        elif options:
+            config = replace(config, **options)
+        self.config = config
         self.state: dict[str, dict[str, torch.Tensor]] = {}
         self.epoch = 0.0
         self.rank = 0
@@ -101,13 +146,10 @@ class Compressor:
         self.load_extra_state(state.get("extra", {}))
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-def make_generator(seed: int) -> torch.Generator:
-    gen = torch.Generator()
-    gen.manual_seed(int(seed))
-    return gen
+        options = ", ".join(
+            f"{f.name}={getattr(self.config, f.name)!r}" for f in fields(self.config) if f.name != "name"
+        )
+        return f"{type(self).__name__}({options})"
 
 
 def flat_views(items: list[Item]) -> list[torch.Tensor]:
@@ -121,3 +163,50 @@ def copy_back(items: list[Item], flat: torch.Tensor) -> None:
         n = it.grad.numel()
         it.grad.view(-1).copy_(flat[pos : pos + n])
         pos += n
+
+
+# -- the registry -------------------------------------------------------------------
+#: compressor classes by name (filled by :func:`register`; every module of this package is imported)
+COMPRESSORS: dict[str, type[Compressor]] = {}
+
+
+def register(cls: type[Compressor]) -> type[Compressor]:
+    """Class decorator: make ``cls`` buildable by its ``name`` (its config's ``name`` must default to it)."""
+    default = next(f.default for f in fields(cls.config_class) if f.name == "name")
+    if default != cls.name:
+        raise TypeError(f"{cls.__name__}.config_class must default name to {cls.name!r}, not {default!r}")
+    if cls.name in COMPRESSORS and COMPRESSORS[cls.name] is not cls:
+        raise TypeError(f"two compressors are named {cls.name!r}")
+    COMPRESSORS[cls.name] = cls
+    return cls
+
+
+def compressor_class(name: str) -> type[Compressor]:
+    if name not in COMPRESSORS:
+        raise ValueError(f"unknown compressor {name!r}; valid: {', '.join(COMPRESSORS)}")
+    return COMPRESSORS[name]
+
+
+def config_class(name: str) -> type[CompressorConfig]:
+    return compressor_class(name).config_class
+
+
+def compressor_options(name: str) -> list[str]:
+    """The options compressor ``name`` accepts."""
+    return [f.name for f in fields(config_class(name)) if f.name != "name"]
+
+
+def build_config(cls: type[CompressorConfig], name: str, options: dict[str, Any]) -> CompressorConfig:
+    """``cls(**options)``; unknown options raise a ValueError naming the valid ones."""
+    valid = [f.name for f in fields(cls) if f.name != "name"]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"compressor {name!r} has no option {', '.join(unknown)}; valid: {', '.join(valid) or '(none)'}"
+        )
+    return cls(**options)
+
+
+def make_config(name: str, **options: Any) -> CompressorConfig:
+    """The config of compressor ``name`` with ``options`` (checked by the config's ``__post_init__``)."""
+    return build_config(config_class(name), name, options)

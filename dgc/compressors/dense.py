@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from dgc.comm import Comm
-from dgc.compressors.base import Compressor, Item, Phases, copy_back, flat_views
-
-DENSE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from dgc.compressors.base import Compressor, CompressorConfig, Item, Phases, copy_back, flat_views, register
+from dgc.wire import DTYPES
 
 
 def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.dtype) -> None:
     """Average the items' gradients with one allreduce of their concatenation in ``dtype``."""
     if not items:
+        return
+    if comm.world_size == 1 and dtype == items[0].grad.dtype:
+        # the average over one worker is its own gradient: count the bytes it would send, move none
+        comm.traffic.add(sum(it.grad.numel() for it in items) * dtype.itemsize, 0)
         return
     with phases("compress"):
         flat = torch.cat(flat_views(items)).to(dtype)
@@ -23,19 +27,37 @@ def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.
         copy_back(items, flat.to(items[0].grad.dtype))
 
 
+@dataclass
+class DenseConfig(CompressorConfig):
+    """The fp32 allreduce: no options."""
+
+    name: str = "none"
+
+
+@register
 class Dense(Compressor):
     """Dense allreduce of every gradient in ``dtype`` (``none``: fp32, the baseline)."""
 
     name: ClassVar[str] = "none"
+    config_class = DenseConfig
     handles_all_tensors: ClassVar[bool] = True
     dtype_name: ClassVar[str] = "fp32"
 
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
-        allreduce_dense(items, comm, phases, DENSE_DTYPES[self.dtype_name])
+        allreduce_dense(items, comm, phases, DTYPES[self.dtype_name])
 
 
+@dataclass
+class FP16Config(CompressorConfig):
+    """The fp16 allreduce: no options."""
+
+    name: str = "fp16"
+
+
+@register
 class FP16(Dense):
     """Dense allreduce in fp16 (2 bytes per value): the baseline any compression must beat."""
 
     name: ClassVar[str] = "fp16"
+    config_class = FP16Config
     dtype_name: ClassVar[str] = "fp16"

@@ -19,26 +19,20 @@ from typing import ClassVar
 
 import torch
 
+from dgc import bits
 from dgc.comm import Comm
 from dgc.compressors.base import Compressor, Item, flat_views
 from dgc.timing import Phases
 
-_SHIFTS = torch.arange(8, dtype=torch.uint8)
-
 
 def pack_signs(x: torch.Tensor) -> torch.Tensor:
-    """``x >= 0`` as bits, 8 per uint8 (entry ``i`` is bit ``i % 8`` of byte ``i // 8``)."""
-    bits = (x >= 0).to(torch.uint8)
-    pad = -bits.numel() % 8
-    if pad:
-        bits = torch.cat([bits, bits.new_zeros(pad)])
-    return (bits.view(-1, 8) << _SHIFTS.to(bits.device)).sum(1, dtype=torch.uint8)
+    """``x >= 0`` as bits, 8 per uint8 (:func:`dgc.bits.pack`)."""
+    return bits.pack(x >= 0, 1)
 
 
 def unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The first ``n`` signs of :func:`pack_signs` as +1 / -1."""
-    bits = (packed.unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 1
-    return bits.view(*packed.shape[:-1], -1)[..., :n].to(dtype).mul_(2).sub_(1)
+    """The first ``n`` signs of :func:`pack_signs` (of each row) as +1 / -1."""
+    return bits.unpack(packed, n, 1).to(dtype).mul_(2).sub_(1)
 
 
 class OneBit(Compressor):
@@ -73,6 +67,3 @@ class OneBit(Compressor):
     def message_bytes(numels: list[int]) -> int:
         """Bytes each worker sends for tensors of these sizes."""
         return 4 * len(numels) + (sum(numels) + 7) // 8
-
-    def __repr__(self) -> str:
-        return "OneBit()"

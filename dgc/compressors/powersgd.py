@@ -18,13 +18,30 @@ crashes under gloo).
 from __future__ import annotations
 
 import zlib
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
+from dgc import seeding
 from dgc.comm import Comm
-from dgc.compressors.base import Compressor, Item, make_generator
+from dgc.compressors.base import Compressor, CompressorConfig, Item, check_int, register
 from dgc.timing import Phases
+
+
+@dataclass
+class PowerSGDConfig(CompressorConfig):
+    name: str = "powersgd"
+    #: rank r of the approximation
+    rank: int = 4
+    error_feedback: bool = True
+    #: start each step's power iteration from the last Q
+    warm_start: bool = True
+    #: seed of the first Q (the same on every worker)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int(self.rank, "rank", 1)
 
 
 def _matrix_shape(t: torch.Tensor) -> tuple[int, int]:
@@ -32,17 +49,18 @@ def _matrix_shape(t: torch.Tensor) -> tuple[int, int]:
     return n, t.numel() // max(n, 1)
 
 
+@register
 class PowerSGD(Compressor):
     name: ClassVar[str] = "powersgd"
+    config_class = PowerSGDConfig
+    config: PowerSGDConfig
 
-    def __init__(self, *, rank: int = 4, error_feedback: bool = True, warm_start: bool = True, seed: int = 0):
-        super().__init__()
-        if not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
-        self.rank_r = rank
-        self.error_feedback = bool(error_feedback)
-        self.warm_start = bool(warm_start)
-        self.seed = int(seed)
+    def __init__(self, config: PowerSGDConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.rank_r = self.config.rank
+        self.error_feedback = bool(self.config.error_feedback)
+        self.warm_start = bool(self.config.warm_start)
+        self.seed = int(self.config.seed)
 
     def _low_rank(self, item: Item) -> bool:
         n, m = _matrix_shape(item.grad)
@@ -51,7 +69,7 @@ class PowerSGD(Compressor):
 
     def _initial_q(self, item: Item, m: int, r: int) -> torch.Tensor:
         # same seed on every worker, different per tensor
-        gen = make_generator(self.seed * 1_000_003 + zlib.crc32(item.name.encode()))
+        gen = seeding.generator(self.seed, zlib.crc32(item.name.encode()))
         return torch.randn(m, r, generator=gen).to(item.grad.device, item.grad.dtype)
 
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
@@ -101,6 +119,3 @@ class PowerSGD(Compressor):
                 self.state[it.name]["q"] = q_avg.clone()
                 matrix.copy_(approx)
             phases.counters["values_sent"] += sum(p.numel() + q.numel() for p, (_, q) in zip(ps, qs))
-
-    def __repr__(self) -> str:
-        return f"PowerSGD(rank={self.rank_r}, error_feedback={self.error_feedback}, warm_start={self.warm_start})"

@@ -4,51 +4,51 @@ Per tensor: optionally clip g to ``clip_sigma`` standard deviations; the scale
 ``s`` is the maximum ``|g|`` over all workers (one small MAX allreduce, the
 paper's scaler sharing); each entry becomes ``s * sign(g) * b`` with
 ``b ~ Bernoulli(|g| / s)``, an unbiased estimate. The ternary codes are packed
-four to a byte and allgathered; every worker sums them and divides by N.
+four to a byte (:mod:`dgc.bits`) and allgathered; every worker sums them and divides by N.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
+from dgc import bits, seeding
 from dgc.comm import Comm
-from dgc.compressors.base import Compressor, Item, make_generator
+from dgc.compressors.base import Compressor, CompressorConfig, Item, register
 from dgc.timing import Phases
 
 
-def pack2(codes: torch.Tensor) -> torch.Tensor:
-    """Pack values in {0, 1, 2, 3} (uint8) four to a byte."""
-    pad = (-codes.numel()) % 4
-    if pad:
-        codes = torch.cat([codes, codes.new_zeros(pad)])
-    c = codes.view(-1, 4)
-    return c[:, 0] | (c[:, 1] << 2) | (c[:, 2] << 4) | (c[:, 3] << 6)
+@dataclass
+class TernGradConfig(CompressorConfig):
+    name: str = "terngrad"
+    #: clip each tensor to this many standard deviations before quantizing (null: no clipping)
+    clip_sigma: float | None = 2.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        bad = isinstance(self.clip_sigma, bool) or not isinstance(self.clip_sigma, int | float | None)
+        if bad or (self.clip_sigma is not None and (math.isnan(self.clip_sigma) or self.clip_sigma <= 0)):
+            raise ValueError(f"clip_sigma must be a number > 0 or null, got {self.clip_sigma!r}")
 
 
-def unpack2(packed: torch.Tensor, numel: int) -> torch.Tensor:
-    """Inverse of :func:`pack2` for a ``[..., bytes]`` tensor: ``[..., numel]`` uint8."""
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=packed.device)
-    codes = (packed.unsqueeze(-1) >> shifts) & 3
-    return codes.flatten(-2)[..., :numel]
-
-
+@register
 class TernGrad(Compressor):
     name: ClassVar[str] = "terngrad"
+    config_class = TernGradConfig
+    config: TernGradConfig
 
-    def __init__(self, *, clip_sigma: float | None = 2.5, seed: int = 0):
-        super().__init__()
-        if clip_sigma is not None and (math.isnan(clip_sigma) or clip_sigma <= 0):
-            raise ValueError(f"clip_sigma must be a number > 0 or null, got {clip_sigma!r}")
-        self.clip_sigma = clip_sigma
-        self.seed = int(seed)
-        self.generator = make_generator(self.seed)
+    def __init__(self, config: TernGradConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.clip_sigma = self.config.clip_sigma
+        self.seed = self.config.seed
+        self.generator = seeding.generator(self.seed)
 
     def bind(self, comm: Comm) -> None:
         super().bind(comm)
-        self.generator = make_generator(self.seed * 1_000_003 + comm.rank)
+        self.generator = seeding.generator(self.seed, comm.rank)
 
     def _generator_on(self, device: torch.device) -> torch.Generator:
         # random numbers are drawn where the gradient lives: no host copies on CUDA
@@ -58,7 +58,7 @@ class TernGrad(Compressor):
             if state is not None:
                 gen.set_state(state)
             else:
-                gen.manual_seed(self.seed * 1_000_003 + self.rank)
+                gen.manual_seed(seeding.mix(self.seed, self.rank))
             self.generator = gen
         return self.generator
 
@@ -80,14 +80,14 @@ class TernGrad(Compressor):
                 prob = g.abs() / s.clamp_min(1e-30)
                 rand = torch.rand(g.numel(), generator=self._generator_on(g.device), device=g.device)
                 codes = (torch.sign(g) * (rand < prob)).to(torch.int8) + 1
-                packed.append(pack2(codes.to(torch.uint8)))
+                packed.append(bits.pack(codes, 2))
             message = torch.cat(packed)
             phases.counters["values_sent"] += sum(g.numel() for g in grads)
         rows = comm.allgather(message)
         with phases("decompress"):
             start = 0
             for g, s, p in zip(grads, scales, packed):
-                codes = unpack2(rows[:, start : start + p.numel()], g.numel())
+                codes = bits.unpack(rows[:, start : start + p.numel()], g.numel(), 2)
                 total = codes.to(g.dtype).sum(0) - rows.shape[0]  # codes are t + 1
                 g.copy_(total.mul_(s / rows.shape[0]))
                 start += p.numel()

@@ -14,13 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torchvision
+from dgc.tasks.base import DataError
 from torch.utils.data import Dataset, TensorDataset
 from torchvision import transforms as T
-
-
-class DataError(ValueError):
-    """Missing or malformed data (the message says where data is expected and how to get it)."""
-
 
 # -- Fashion-MNIST -------------------------------------------------------------------------
 

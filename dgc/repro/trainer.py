@@ -6,16 +6,18 @@ with per-worker batches, the learning rate scaled by the number of workers with 
 linear warm-up and a cosine or multistep schedule, the compression warm-up driven
 by the fractional epoch, gradient accumulation, optional bf16 autocast on CUDA,
 evaluation after every epoch, ``metrics.jsonl``, checkpoints and ``summary.json``
-(see :mod:`dgc.run`). Only rank 0 writes.
+(see :mod:`dgc.repro.rundir`). Only rank 0 writes.
+
+``callbacks`` (objects with ``after_backward(trainer)`` and/or ``after_step(trainer)``) see every
+step from outside the loop: the test-only fault injection of :mod:`dgc.repro.faults` is one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
-import signal
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -24,15 +26,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import dgc
-from dgc.config import Config
+from dgc import seeding
+from dgc.comm import Comm
 from dgc.distributed import DistInfo
-from dgc.run import RunFiles
-from dgc.sync import Policy
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message is one line saying what is valid."""
-
+from dgc.repro.config import Config, ConfigError
+from dgc.repro.rundir import RunFiles
 
 SCHEDULES = ("cosine", "multistep", "constant")
 
@@ -70,7 +68,14 @@ def validate(cfg: Config) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, info: DistInfo):
+    """Args:
+    cfg: the run's configuration.
+    info: this process's place in the job (:func:`dgc.distributed.init_distributed`).
+    comm: the collectives of the gradient exchange (default: the default process group).
+    callbacks: objects called after each backward pass and each step (see the module docstring).
+    """
+
+    def __init__(self, cfg: Config, info: DistInfo, comm: Comm | None = None, callbacks: Iterable[Any] = ()):
         validate(cfg)
         if cfg.train.bf16 and info.device.type != "cuda":
             raise ConfigError("train.bf16=true needs CUDA (bf16 autocast is for GPUs); set train.bf16=false")
@@ -82,19 +87,18 @@ class Trainer:
             self.task.check()
             torch.manual_seed(cfg.seed)  # identical initialization on every worker
             self.model = self.task.build_model().to(info.device)
-            compressor = dgc.build_compressor(cfg.compression.name, **cfg.compression.compressor_options())
-            policy = Policy(**asdict(cfg.compression.policy))
-            self.sync = dgc.GradientSync(self.model, compressor, policy=policy, clip_norm=cfg.compression.clip_norm)
+            compressor = dgc.build_compressor(cfg.compression)
+            self.sync = cfg.sync.build(self.model, compressor, comm)
         except ConfigError:
             raise
         except (ValueError, TypeError) as exc:
             raise ConfigError(str(exc).splitlines()[0]) from None
-        torch.manual_seed(cfg.seed * 1_000_003 + info.rank)  # data order/augmentation differ per worker
+        torch.manual_seed(seeding.mix(cfg.seed, info.rank))  # data order/augmentation differ per worker
         if info.world_size > 1:
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
         self.net: torch.nn.Module = self.model
-        if cfg.compression.ddp_hook and info.world_size > 1:
+        if cfg.sync.ddp_hook and info.world_size > 1:
             self.net = DistributedDataParallel(
                 self.model, device_ids=[info.device] if info.device.type == "cuda" else None
             )
@@ -126,6 +130,7 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1
         self.files = RunFiles(cfg, info)
+        self.callbacks = list(callbacks)
 
     # -- the loop ------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -143,7 +148,7 @@ class Trainer:
                 self.step < self.total_steps
                 and self.batch + self.cfg.train.accumulate <= self.steps_per_epoch * self.cfg.train.accumulate
             ):
-                window.append(self._train_step(batches))
+                window.append(self.train_step(batches))
                 self.totals["wall"] = time.perf_counter() - started
                 if self.step % self.cfg.train.log_every == 0 or self.step == self.total_steps:
                     self.files.log_step(self._summarize(window))
@@ -153,6 +158,7 @@ class Trainer:
                 ends = self.step == self.total_steps or self.batch >= self.steps_per_epoch * self.cfg.train.accumulate
                 if self.cfg.train.checkpoint_every and self.step % self.cfg.train.checkpoint_every == 0 and not ends:
                     self._checkpoint()
+                self._notify("after_step")
             if self.batch >= self.steps_per_epoch * self.cfg.train.accumulate:
                 self._evaluate(end_of_epoch=True)
                 self.epoch += 1
@@ -166,7 +172,14 @@ class Trainer:
         self.files.finish(summary)
         return summary
 
-    def _train_step(self, batches) -> dict[str, float]:
+    def _notify(self, event: str) -> None:
+        for callback in self.callbacks:
+            hook = getattr(callback, event, None)
+            if hook is not None:
+                hook(self)
+
+    def train_step(self, batches: Iterator[Any]) -> dict[str, float]:
+        """One optimizer step on the next micro-batches of ``batches``; the step's measurements."""
         cfg = self.cfg
         acc = cfg.train.accumulate
         epoch_f = self.epoch + self.batch / (self.steps_per_epoch * acc)
@@ -183,6 +196,7 @@ class Trainer:
                 loss = self.task.loss(self.net, batch) / acc
             loss.backward()
             loss_sum += float(loss.detach())
+        self._notify("after_backward")
         if self.net is self.model:
             stats = self.sync.step()
         else:
@@ -192,7 +206,7 @@ class Trainer:
         # clipping after aggregation is the dense baseline's; with local clipping on (DGC), each worker
         # already clipped its own gradient before accumulating it, and the aggregated sparse update
         # (many steps' accumulated gradient) must not be clipped again (paper, section 3.2)
-        if cfg.optim.grad_clip and cfg.compression.clip_norm is None:
+        if cfg.optim.grad_clip and cfg.sync.clip_norm is None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -206,7 +220,6 @@ class Trainer:
             self.totals["dense"] += stats.dense_bytes
             self.totals["sent"] += stats.sent_bytes
             self.totals["steps"] += 1
-        self._maybe_die()
         return {
             "loss": loss_sum,
             "lr": lr,
@@ -318,12 +331,6 @@ class Trainer:
         self.step, self.epoch, self.batch = c["step"], c["epoch"], c["batch"]
         self.totals.update(c["totals"])
         self.last_eval, self.last_eval_step = state["last_eval"]
-
-    def _maybe_die(self) -> None:
-        # test hook: simulate a crash right after the checkpoint of step N (tests/test_train.py)
-        at = os.environ.get("DGC_TEST_KILL_AFTER_STEP")
-        if at and self.step == int(at) + 1:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _gather(obj: Any, info: DistInfo) -> list[Any]:

@@ -1,9 +1,9 @@
 """Tables and plots from run directories, with the paper's numbers beside ours.
 
-    python -m dgc.report --table cpu-fmnist          # the runs under results/runs/cpu-fmnist/
-    python -m dgc.report --table table2-cifar --partial   # a table whose runs are not all done yet
-    python -m dgc.report 'runs/fmnist_resnet20/*/*' --name mine   # any run directories (paths or globs)
-    python -m dgc.report --list                      # the tables and the runs each one needs
+    python -m dgc.repro.report --table cpu-fmnist          # the runs under results/runs/cpu-fmnist/
+    python -m dgc.repro.report --table table2-cifar --partial   # a table whose runs are not all done yet
+    python -m dgc.repro.report 'runs/fmnist_resnet20/*/*' --name mine   # any run directories (paths or globs)
+    python -m dgc.repro.report --list                      # the tables and the runs each one needs
 
 Writes ``<out>/<name>.md`` (the table with notes), ``<out>/<name>.csv`` (the same numbers, machine
 readable), ``<out>/<name>-steps.png`` (the headline metric after each evaluation, per method) and
@@ -11,7 +11,7 @@ readable), ``<out>/<name>-steps.png`` (the headline metric after each evaluation
 ``<out>`` is ``results/`` by default. The headline metric follows the task's kind: image -> top-1
 (higher is better), language -> perplexity, speech -> WER (lower is better). Nothing is written when a
 run is missing or unreadable: the error names what is missing. The tables are defined in
-:mod:`dgc.tables`; :mod:`dgc.sweep` makes their runs.
+:mod:`dgc.repro.tables`; :mod:`dgc.repro.sweep` makes their runs.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from dgc.rundir import atomic_write
-from dgc.tables import HEADLINE, METRICS, TABLES, Paper, Row, Table, get_table
+from dgc import atomic
+from dgc.repro.tables import HEADLINE, METRICS, TABLES, Paper, Row, Table, get_table
 
 MB = 2.0**20
 
@@ -106,7 +106,7 @@ def table_runs(table: Table, runs_root: Path, partial: bool = False) -> list[Run
         shown = ", ".join(str(p) for p in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
         raise ReportError(
             f"table {table.name} is missing {len(missing)} of {len(table.rows)} runs (no summary.json): {shown}; "
-            f"make them with `python -m dgc.sweep {table.name}` (or pass --partial)"
+            f"make them with `python -m dgc.repro.sweep {table.name}` (or pass --partial)"
         )
     runs = []
     for row in table.rows:
@@ -167,12 +167,13 @@ def _fmt_ratio(value: float | None) -> str:
     return "-" if value is None else (f"{value:.0f}x" if value >= 10 else f"{value:.1f}x")
 
 
-def _baselines(runs: list[Run], table: Table) -> dict[str, tuple[Row | None, Run | None]]:
-    out: dict[str, tuple[Row | None, Run | None]] = {}
+def _baselines(runs: list[Run], table: Table) -> dict[tuple[str, int | None], tuple[Row | None, Run | None]]:
+    """The reference row and run of each (group, seed)."""
+    out: dict[tuple[str, int | None], tuple[Row | None, Run | None]] = {}
     for row in table.rows:
-        if row.baseline and row.group not in out:
+        if row.baseline and (row.group, row.seed) not in out:
             run = next((r for r in runs if r.row is row), None)
-            out[row.group] = (row, run)
+            out[(row.group, row.seed)] = (row, run)
     return out
 
 
@@ -181,19 +182,20 @@ def _delta(value: float | None, base: float | None) -> float | None:
 
 
 def rows_of(table: Table, runs: list[Run]) -> list[dict[str, Any]]:
-    """One record per row of the table (runs that are missing under --partial have ours empty)."""
+    """One record per row (run) of the table (runs that are missing under --partial have ours empty)."""
     by_row = {id(r.row): r for r in runs}
     bases = _baselines(runs, table)
     records = []
     for row in table.rows:
         run = by_row.get(id(row))
-        base_row, base_run = bases.get(row.group, (None, None))
+        base_row, base_run = bases.get((row.group, row.seed), (None, None))
         paper: Paper = row.paper
         ratio, all_steps = run.ratio if run else (None, False)
         rec: dict[str, Any] = {
             "group": row.group,
             "method": row.method,
             "key": row.key,
+            "seed": row.seed,
             "task": row.task,
             "compression": row.compression,
             "world_size": run.summary.get("world_size") if run else row.world_size,
@@ -220,6 +222,53 @@ def rows_of(table: Table, runs: list[Run]) -> list[dict[str, Any]]:
     return records
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _sd(values: list[float]) -> float | None:
+    """The sample standard deviation (None below two values)."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
+def methods_of(table: Table, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per method of a group: the rows that differ only in the seed, averaged over the seeds run.
+
+    ``<metric>`` is the mean, ``<metric>_sd`` the sample standard deviation over seeds, ``delta_<metric>``
+    the mean of the per-seed differences to the reference row of the same seed.
+    """
+    methods: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for rec in records:
+        methods.setdefault((rec["group"], rec["method"]), []).append(rec)
+    out = []
+    for (group, method), recs in methods.items():
+        done = [r for r in recs if r["steps"] is not None]
+        first = recs[0]
+        agg: dict[str, Any] = {
+            "group": group,
+            "method": method,
+            "seeds": [r["seed"] for r in done],
+            "runs": len(recs),
+            "world_size": first["world_size"],
+            "steps": done[0]["steps"] if done else None,
+        }
+        for m in table.metrics:
+            values = [r[m] for r in done if r[m] is not None]
+            deltas = [r[f"delta_{m}"] for r in done if r[f"delta_{m}"] is not None]
+            agg.update({m: _mean(values), f"{m}_sd": _sd(values), f"delta_{m}": _mean(deltas)})
+            agg[f"paper_{m}"], agg[f"paper_delta_{m}"] = first[f"paper_{m}"], first[f"paper_delta_{m}"]
+        for key in ("dense_mb", "sent_mb", "wire_ratio", "wall_s"):
+            agg[key] = _mean([r[key] for r in done if r[key] is not None])
+        agg["wire_ratio_all_steps"] = any(r["wire_ratio_all_steps"] for r in done)
+        for key in ("paper_dense_mb", "paper_sent_mb", "paper_ratio"):
+            agg[key] = first[key]
+        out.append(agg)
+    return out
+
+
 def to_csv(records: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(records[0]), lineterminator="\n")
@@ -234,9 +283,15 @@ def has_paper(table: Table) -> bool:
     return any(r.paper.metrics or r.paper.sent_mb or r.paper.ratio for r in table.rows)
 
 
+def _fmt_spread(mean: float | None, sd: float | None) -> str:
+    return _fmt(mean) if sd is None else f"{_fmt(mean)} ± {sd:.2f}"
+
+
 def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> str:
     paper = has_paper(table)
-    head = ["", "method", "N", "steps"]
+    seeded = any(r["seed"] is not None for r in records)
+    methods = methods_of(table, records)
+    head = ["", "method", "N", *(["seeds"] if seeded else []), "steps"]
     for m in table.metrics:
         label, higher = METRICS.get(m, (m, True))
         head += [f"{label} paper", f"{label} ours", "Δ paper", "Δ ours"] if paper else [label, "Δ"]
@@ -244,16 +299,18 @@ def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> st
     lines = [f"# {table.title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     flagged = False
     group = None
-    for rec in records:
-        cells = [rec["group"] if rec["group"] != group else "", rec["method"], str(rec["world_size"] or "-"),
-                 str(rec["steps"] if rec["steps"] is not None else "not run")]  # fmt: skip
+    for rec in methods:
+        seeds = f"{len(rec['seeds'])} of {rec['runs']}" if len(rec["seeds"]) < rec["runs"] else str(rec["runs"])
+        steps = str(rec["steps"] if rec["steps"] is not None else "not run")
+        cells = [rec["group"] if rec["group"] != group else "", rec["method"], str(rec["world_size"] or "-")]
+        cells += [seeds, steps] if seeded else [steps]
         group = rec["group"]
         for m in table.metrics:
+            ours = _fmt_spread(rec[m], rec[f"{m}_sd"])
             if paper:
-                cells += [_fmt(rec[f"paper_{m}"]), _fmt(rec[m])]
-                cells += [_signed(rec[f"paper_delta_{m}"]), _signed(rec[f"delta_{m}"])]
+                cells += [_fmt(rec[f"paper_{m}"]), ours, _signed(rec[f"paper_delta_{m}"]), _signed(rec[f"delta_{m}"])]
             else:
-                cells += [_fmt(rec[m]), _signed(rec[f"delta_{m}"])]
+                cells += [ours, _signed(rec[f"delta_{m}"])]
         paper_mb = (
             f"{_fmt_mb(rec['paper_dense_mb'])} → {_fmt_mb(rec['paper_sent_mb'])}" if rec["paper_sent_mb"] else "-"
         )
@@ -267,17 +324,31 @@ def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> st
     notes = [
         "",
         f"{'Paper: ' if paper else ''}{table.source}. {directions}. "
-        f"Δ: difference to the group's reference row{_references(table)}.",
+        f"Δ: difference to the group's reference row{_references(table)}"
+        + (", of the same seed, averaged over the seeds" if seeded else "")
+        + ".",
         "MB/step: gradient bytes one worker sends per step (MB = 2**20 bytes), dense fp32 size → compressed; ours "
         "counts what went into the collectives (headers, indices and padding included) over the steps after the "
         "compression warm-up; ratio = dense / sent.",
     ]
+    if seeded:
+        notes.append("Ours: the mean over the seeds ± their sample standard deviation; each run is listed below.")
     if flagged:
         notes.append("†: the run ended inside the compression warm-up; the ratio is over all its steps.")
     if any(rec["steps"] is None for rec in records):
         notes.append("not run: the run directory has no summary.json yet (table made with --partial).")
-    notes += ["", f"Made by `{command}` from:", ""]
-    notes += [f"- {rec['key']}: `{rec['run_dir']}`" for rec in records if rec["run_dir"]]
+    if seeded:
+        notes += ["", "Each run:", "", "| method | seed | steps | " + " | ".join(table.metrics) + " | ratio | run |",
+                  "|" + "---|" * (len(table.metrics) + 5)]  # fmt: skip
+        for rec in records:
+            if rec["run_dir"]:
+                values = " | ".join(_fmt(rec[m]) for m in table.metrics)
+                notes.append(f"| {rec['method']} | {rec['seed']} | {rec['steps']} | {values} | "
+                             f"{_fmt_ratio(rec['wire_ratio'])} | `{rec['run_dir']}` |")  # fmt: skip
+        notes += ["", f"Made by `{command}`."]
+    else:
+        notes += ["", f"Made by `{command}` from:", ""]
+        notes += [f"- {rec['key']}: `{rec['run_dir']}`" for rec in records if rec["run_dir"]]
     return "\n".join(lines + notes) + "\n"
 
 
@@ -325,30 +396,60 @@ def _title(fig: Any, title: str) -> None:
     fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=10)
 
 
+def _by_method(runs: list[Run]) -> dict[str, list[Run]]:
+    """A group's runs by method (the seeds of a method together), in table order."""
+    out: dict[str, list[Run]] = {}
+    for run in runs:
+        out.setdefault(run.row.method, []).append(run)
+    return out
+
+
+def _curve(runs: list[Run], metric: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps, mean, min and max of ``metric`` over the runs, at the evaluations every run made."""
+    series = []
+    for run in runs:
+        points = {e["step"]: float(e[metric]) for e in run.evals if isinstance(e.get(metric), int | float)}
+        if not points and run.metric(metric) is not None:
+            points = {int(run.summary.get("steps", 0)): float(run.metric(metric))}  # type: ignore[arg-type]
+        series.append(points)
+    steps = sorted(set.intersection(*(set(p) for p in series))) if series else []
+    values = [[p[s] for p in series] for s in steps]
+    return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
+def _paper_on_axes(table: Table) -> bool:
+    """The paper's numbers share our axes only at full scale (the CPU analogs train other data)."""
+    return table.full_scale
+
+
 def plot_steps(table: Table, runs: list[Run]) -> bytes:
-    """The headline metric at each evaluation against the step, one panel per group, one line per method;
-    the paper's final value as a dashed line in the same colour."""
+    """The headline metric at each evaluation against the step, one panel per group, one line per method (the
+    mean over its seeds, the band their range); at full scale the paper's final value dashed in the same colour."""
     groups = _groups(table)
     fig, axes = _panels(len(groups))
     for ax, group in zip(axes[0], groups):
         group_runs = [r for r in runs if r.row.group == group]
         metric = group_runs[0].headline if group_runs else HEADLINE["image"]
-        dashed = False
-        for run in group_runs:
-            points = [(e["step"], e[metric]) for e in run.evals if isinstance(e.get(metric), int | float)]
-            if not points and run.metric(metric) is not None:
-                points = [(run.summary.get("steps", 0), run.metric(metric))]
-            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, label=run.row.method)
-            if metric in run.row.paper.metrics:
-                ax.axhline(run.row.paper.metrics[metric], ls="--", lw=0.8, color=line.get_color())
+        dashed = banded = False
+        for method, method_runs in _by_method(group_runs).items():
+            steps, mean, low, high = _curve(method_runs, metric)
+            label = method if len(method_runs) == 1 else f"{method} (mean of {len(method_runs)})"
+            (line,) = ax.plot(steps, mean, marker="o", ms=3, label=label)
+            if len(method_runs) > 1:
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, lw=0)
+                banded = True
+            paper = method_runs[0].row.paper.metrics
+            if _paper_on_axes(table) and metric in paper:
+                ax.axhline(paper[metric], ls="--", lw=0.8, color=line.get_color())
                 dashed = True
         label, higher = METRICS.get(metric, (metric, True))
-        legend = f"{'higher' if higher else 'lower'} is better" + ("; dashed: paper" if dashed else "")
+        legend = f"{'higher' if higher else 'lower'} is better" + ("; band: range over seeds" if banded else "")
+        legend += "; dashed: paper" if dashed else ""
         ax.set(xlabel="step", ylabel=label, title=f"{group}\n({legend})")
         ax.grid(alpha=0.3)
         if group_runs:
             ax.legend(fontsize=7)
-    _title(fig, table.title)
+    _title(fig, table.title + ("" if _paper_on_axes(table) else " (the paper's numbers are in the table: other data)"))
     return _png(fig)
 
 
@@ -359,28 +460,32 @@ def paper_ratio_of(row: Row) -> float | None:
 
 
 def plot_ratio(table: Table, runs: list[Run]) -> bytes:
-    """The headline metric against the compression ratio (log): ours filled, the paper's hollow."""
+    """The headline metric against the compression ratio (log): ours filled (mean over seeds, bars: their
+    standard deviation), at full scale the paper's hollow."""
     groups = _groups(table)
     fig, axes = _panels(len(groups))
     for ax, group in zip(axes[0], groups):
         group_runs = [r for r in runs if r.row.group == group]
         metric = group_runs[0].headline if group_runs else HEADLINE["image"]
-        for i, run in enumerate(group_runs):
+        for i, (method, method_runs) in enumerate(_by_method(group_runs).items()):
             color = f"C{i % 10}"
-            ratio, _ = run.ratio
-            if ratio is not None and run.metric(metric) is not None:
-                ax.scatter([ratio], [run.metric(metric)], color=color, label=f"{run.row.method} (ours)")
-            paper = run.row.paper
-            paper_ratio = paper_ratio_of(run.row)
-            if metric in paper.metrics and paper_ratio is not None:
-                ax.scatter([paper_ratio], [paper.metrics[metric]], facecolors="none", edgecolors=color,
-                           label=f"{run.row.method} (paper)")  # fmt: skip
+            points = [(r.ratio[0], r.metric(metric)) for r in method_runs]
+            points = [(x, y) for x, y in points if x is not None and y is not None]
+            if points:
+                ys = [y for _, y in points]
+                ax.errorbar([sum(x for x, _ in points) / len(points)], [sum(ys) / len(ys)], yerr=_sd(ys) or 0.0,
+                            fmt="o", color=color, capsize=3, label=f"{method} (ours)")  # fmt: skip
+            row = method_runs[0].row
+            paper_ratio = paper_ratio_of(row)
+            if _paper_on_axes(table) and metric in row.paper.metrics and paper_ratio is not None:
+                ax.scatter([paper_ratio], [row.paper.metrics[metric]], facecolors="none", edgecolors=color,
+                           label=f"{method} (paper)")  # fmt: skip
         ax.set_xscale("log")
         label, higher = METRICS.get(metric, (metric, True))
         ax.set(xlabel="compression ratio (dense / sent bytes)", ylabel=label,
                title=f"{group}\n({'higher' if higher else 'lower'} is better)")  # fmt: skip
         ax.grid(alpha=0.3, which="both")
-        if ax.collections:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     _title(fig, table.title)
     return _png(fig)
@@ -408,7 +513,7 @@ def list_tables() -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dgc.report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dgc.repro.report", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="*", help="run directories or globs (instead of --table)")
     p.add_argument("--table", help=f"one of: {', '.join(TABLES)}")
     p.add_argument("--name", default="report", help="output name for run directories given as paths (default: report)")
@@ -429,7 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.list:
         print(list_tables())
         return
-    command = "python -m dgc.report " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m dgc.repro.report " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
         if args.table:
             try:
@@ -445,7 +550,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     out = Path(args.out)
     for name, data in files.items():
-        atomic_write(out / name, data)
+        atomic.write_bytes(out / name, data)
     print(files[f"{table.name}.md"].decode())
     print(f"wrote {', '.join(str(out / n) for n in files)}")
 

@@ -1,14 +1,22 @@
 """Typed configuration of a training run (plain dataclasses; Hydra registers them as schemas).
 
-The entry point (:mod:`dgc.train`) composes YAML files from ``conf/`` on top of
-these schemas, so an unknown key or a wrong type fails at compose time, and
-turns the result into these objects for the trainer.
+The entry point (:mod:`dgc.train`) composes YAML files from ``conf/`` on top of these schemas, so an
+unknown key or a wrong type fails at compose time, and turns the result into these objects for the
+trainer. ``compression`` is typed by the chosen compressor's own config dataclass
+(:class:`dgc.compressors.CompressorConfig` subclasses), ``sync`` by :class:`dgc.sync.SyncConfig`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+from dgc.compressors import CompressorConfig
+from dgc.sync import SyncConfig
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message is one line saying what is valid."""
 
 
 @dataclass
@@ -16,8 +24,7 @@ class TaskConfig:
     name: str = "???"
     #: which task family runs it: image | language | speech
     kind: str = "image"
-    #: DGC's density warm-up for this task, in epochs (the paper: 4 of 164 on CIFAR, 4 of 90 on
-    #: ImageNet, 1 of 40 on PTB, 1 of 80 on speech); used by compression/dgc.yaml
+    #: DGC's density warm-up for this task, in epochs; used by the sparse compression presets
     compression_warmup_epochs: float = 0.0
     #: DGC's local gradient clipping threshold for this task (null: off); used by compression/dgc.yaml
     local_clip_norm: float | None = None
@@ -68,52 +75,6 @@ class OptimConfig:
 
 
 @dataclass
-class PolicyConfig:
-    min_ndim: int = 2
-    min_numel: int = 1
-    dense_values: str = "fp32"
-
-
-@dataclass
-class CompressionConfig:
-    """Compressor name, its options (null: the compressor's default) and the exchange settings."""
-
-    name: str = "none"
-    density: float | None = None
-    sample_ratio: float | None = None
-    lower_bound: float | None = None
-    upper_bound: float | None = None
-    max_adaptations: int | None = None
-    reestimate_every: int | None = None
-    momentum_correction: bool | None = None
-    momentum_masking: bool | None = None
-    #: compression warm-up in epochs (the paper: 4 of 164 on CIFAR, 1 of 40 on PTB)
-    warmup_epochs: float | None = None
-    warmup_densities: list[float] | None = None
-    warmup_coeff: float | None = None
-    wire_values: str | None = None
-    wire_indices: str | None = None
-    rank: int | None = None
-    error_feedback: bool | None = None
-    warm_start: bool | None = None
-    clip_sigma: float | None = None
-    seed: int | None = None
-    #: local gradient clipping: the clip of the averaged gradient; each worker clips at clip_norm * N**0.5; null: off
-    clip_norm: float | None = None
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    #: exchange through DDP's communication hook instead of the library path
-    ddp_hook: bool = False
-
-    def compressor_options(self) -> dict[str, Any]:
-        skip = {"name", "clip_norm", "policy", "ddp_hook"}
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in skip and getattr(self, f.name) is not None
-        }
-
-
-@dataclass
 class TrainConfig:
     epochs: float = 1.0
     #: batch per worker (per micro-batch when accumulating)
@@ -146,7 +107,10 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    #: the compressor and its options (conf/compression/<name>.yaml, typed by the compressor's config)
+    compression: CompressorConfig = field(default_factory=CompressorConfig)
+    #: local clipping, which tensors are compressed, the DDP hook
+    sync: SyncConfig = field(default_factory=SyncConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     #: run directory shared by all ranks (default: runs/<task>/<compression>/<time>)
@@ -156,3 +120,18 @@ class Config:
     resume: bool = False
     #: auto | cpu | cuda
     device: str = "auto"
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """A :class:`Config` from its plain form (a run's ``config.yaml``, a checkpoint's ``config``), typed and checked
+    like a composed one: ``compression`` by its compressor's config class."""
+    from omegaconf import OmegaConf
+
+    from dgc.compressors import config_class
+
+    schema = OmegaConf.structured(Config)
+    name = (data.get("compression") or {}).get("name", "none")
+    schema.compression = OmegaConf.structured(config_class(name))
+    out = OmegaConf.to_object(OmegaConf.merge(schema, data))
+    assert isinstance(out, Config)
+    return out

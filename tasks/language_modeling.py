@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from dgc.tasks.base import Task
 from dgc.tasks.models import build_model
-from dgc.tasks.text import TEXT_DATA, load_corpus
+from dgc.tasks.text_corpora import TEXT_DATA, load_corpus
 from torch import nn
 
 from dgc.distributed import DistInfo, all_reduce_sum

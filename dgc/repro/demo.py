@@ -1,7 +1,7 @@
 """The main job: dense vs DGC on Fashion-MNIST with 4 CPU workers, then a table and a plot.
 
-    python -m dgc.demo                       # what `make demo` runs (about 15 minutes on 2 cores)
-    python -m dgc.demo --epochs 1 --workers 2 --methods none,topk,dgc
+    python -m dgc.repro.demo                       # what `make demo` runs (about 15 minutes on 2 cores)
+    python -m dgc.repro.demo --epochs 1 --workers 2 --methods none,topk,dgc
 
 Each method is one ``torchrun --standalone -m dgc.train task=fmnist_resnet20 ...`` run with
 the same seed, data and number of steps; DGC runs at density 0.001 after a short warm-up.
@@ -22,11 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-from dgc.rundir import atomic_write
+from dgc import atomic
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dgc.demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dgc.repro.demo", description=__doc__.splitlines()[0])
     p.add_argument("--methods", default="none,dgc", help="comma-separated compressors (default: none,dgc)")
     p.add_argument("--workers", type=int, default=4, help="torchrun processes (default: 4)")
     p.add_argument("--epochs", type=float, default=4.0, help="epochs per run (default: 4)")
@@ -119,7 +119,7 @@ def plot(run_dirs: dict[str, Path], path: Path) -> None:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    atomic_write(path, buf.getvalue())
+    atomic.write_bytes(path, buf.getvalue())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,12 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     note = (
         f"\n{args.workers} workers (torchrun, gloo, CPU), {args.epochs:g} epochs each, "
         f"DGC density 0.001 after a {args.warmup:g}-epoch warm-up; wire_ratio and bytes_per_step "
-        "count the steps after the warm-up. Command: python -m dgc.demo "
+        "count the steps after the warm-up. Command: python -m dgc.repro.demo "
         + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
         + "\n"
     )
-    atomic_write(out / "table.md", (md + note).encode())
-    atomic_write(out / "table.csv", csv_text.encode())
+    atomic.write_text(out / "table.md", md + note)
+    atomic.write_text(out / "table.csv", csv_text)
     plot(run_dirs, out / "demo.png")
     print(md + note)
     print(f"wrote {out / 'table.md'}, {out / 'table.csv'}, {out / 'demo.png'}")

@@ -1,11 +1,11 @@
 """Speech recognition (AN4, LibriSpeech, the offline espeak-ng corpus): DeepSpeech + CTC, WER and CER.
 
-``data.name`` picks the layout (``an4`` or ``librispeech``, see :mod:`dgc.tasks.audio`); ``data.args``:
+``data.name`` picks the layout (``an4`` or ``librispeech``, see :mod:`dgc.tasks.speech_data`); ``data.args``:
 
 * ``train_splits`` / ``eval_splits``: split names (LibriSpeech: ``train-clean-100``, ...; AN4: ``train``,
   ``test``). The first evaluation split gives the headline ``wer``, ``cer`` and ``loss``; the others
   are reported as ``<split>_wer`` / ``<split>_cer`` (``-`` becomes ``_``).
-* ``features``: ``{kind: spectrogram|mel, window_s, hop_s, n_mels}`` (:class:`dgc.tasks.audio.Features`).
+* ``features``: ``{kind: spectrogram|mel, window_s, hop_s, n_mels}`` (:class:`dgc.tasks.speech_data.Features`).
 * ``librivox``: also evaluate on the five real LibriVox clips of pocketsphinx-testdata
   (``librivox_wer``, ``librivox_cer``).
 * ``max_seconds``: drop longer training utterances (null: keep all).
@@ -26,7 +26,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from dgc.tasks.audio import (
+from dgc.tasks.base import Task, shard_indices
+from dgc.tasks.models import build_model
+from dgc.tasks.speech_data import (
     ALPHABET,
     BLANK,
     SPEECH_DATA,
@@ -38,11 +40,10 @@ from dgc.tasks.audio import (
     greedy_decode,
     librivox_clips,
 )
-from dgc.tasks.base import Task, shard_indices
-from dgc.tasks.models import build_model
 from torch import nn
 from torch.utils.data import DataLoader
 
+from dgc import seeding
 from dgc.distributed import all_reduce_sum
 
 DEFAULTS: dict[str, Any] = {
@@ -112,7 +113,7 @@ class SpeechRecognition(Task):
         bs = self.cfg.train.batch_size
         idx = shard_indices(len(self.train_set), self.info, self.cfg.seed, epoch).tolist()
         idx = idx[: self.batches_per_epoch() * bs]
-        rng = random.Random(self.cfg.seed * 100_003 + epoch * 7919 + self.info.rank)
+        rng = random.Random(seeding.mix(self.cfg.seed, epoch * 7919 + self.info.rank, multiplier=100_003))
         window = bs * self.bucket
         batches = []
         for lo in range(0, len(idx), window):

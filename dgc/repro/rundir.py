@@ -10,16 +10,18 @@
     <run_dir>/summary.json    written last: task, compression, world_size, steps, metrics,
                               wire_ratio, bytes_per_step, wall_s, ...
 
-Every file is written atomically. The directory is chosen once (``run_dir=`` or a fresh
-``runs/<task>/<compression>/<time>-<pid>`` picked by rank 0) and broadcast to all ranks.
+Every file is written atomically (:mod:`dgc.atomic`). The directory is chosen once (``run_dir=`` or a
+fresh ``runs/<task>/<compression>/<time>-<pid>`` picked by rank 0) and broadcast to all ranks.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,9 +29,40 @@ from typing import Any
 import torch
 import yaml
 
-from dgc.config import Config
+from dgc import atomic
 from dgc.distributed import DistInfo, broadcast_object
-from dgc.rundir import MetricsLog, atomic_torch_save, atomic_write, atomic_write_json, default_run_dir
+from dgc.repro.config import Config, ConfigError
+
+
+def default_run_dir(task: str, compression: str) -> str:
+    """A fresh ``runs/<task>/<compression>/<time>-<pid>[-N]`` (the jobs of a sweep share time and pid)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / task / compression / f"{stamp}-{os.getpid()}"
+    path, n = base, 1
+    while path.exists():
+        path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return str(path)
+
+
+class MetricsLog:
+    """Append-only ``metrics.jsonl``: one JSON object per line (rank 0 only)."""
+
+    def __init__(self, path: str | os.PathLike, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records past ``step`` (written after the checkpoint a resumed run starts from)."""
+        if not self.enabled or not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
+        atomic.write_text(self.path, "\n".join(keep) + "\n" if keep else "")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def _git_revision() -> str | None:
@@ -58,18 +91,12 @@ class RunFiles:
         self.run_dir = Path(str(broadcast_object(run_dir)))
         self.checkpoint_path = self.run_dir / "checkpoint.pt"
         if cfg.resume and not self.checkpoint_path.is_file():
-            from dgc.trainer import ConfigError
-
             raise ConfigError(f"resume=true but {self.checkpoint_path} does not exist")
         if not cfg.resume and self.checkpoint_path.exists():
-            from dgc.trainer import ConfigError
-
             raise ConfigError(
                 f"{self.run_dir} already holds a run: pass resume=true to continue it, or another run_dir"
             )
         if not cfg.resume and (self.run_dir / "metrics.jsonl").exists():
-            from dgc.trainer import ConfigError
-
             # a run that stopped before its first checkpoint: starting over would append to its log
             raise ConfigError(
                 f"{self.run_dir} holds the metrics.jsonl of a run that left no checkpoint to resume from: "
@@ -85,8 +112,8 @@ class RunFiles:
         if self.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             plain = asdict(self.cfg)
-            atomic_write(self.run_dir / "config.yaml", yaml.safe_dump(plain, sort_keys=False).encode())
-            atomic_write_json(
+            atomic.write_text(self.run_dir / "config.yaml", yaml.safe_dump(plain, sort_keys=False))
+            atomic.write_json(
                 self.run_dir / "env.json",
                 {
                     "argv": sys.argv,
@@ -164,7 +191,7 @@ class RunFiles:
 
     # -- checkpoints and the summary -----------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any], step: int) -> None:
-        atomic_torch_save(self.checkpoint_path, state)
+        atomic.write_with(self.checkpoint_path, lambda tmp: torch.save(state, tmp))
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self.progress is not None:
@@ -172,7 +199,7 @@ class RunFiles:
             self.progress = None
         if not self.main:
             return
-        atomic_write_json(self.run_dir / "summary.json", summary)
+        atomic.write_json(self.run_dir / "summary.json", summary)
         self.console(json.dumps(summary))
         if self.wandb is not None:
             self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, dict)})

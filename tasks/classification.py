@@ -6,20 +6,14 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-from dgc.tasks.base import Task, shard_indices
-from dgc.tasks.images import IMAGE_DATA, DataError
+from dgc.tasks.base import DataError, Task, shard_indices
+from dgc.tasks.image_data import IMAGE_DATA
 from dgc.tasks.models import build_model
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from dgc import seeding
 from dgc.distributed import all_reduce_sum
-
-
-def _mix(*values: int) -> int:
-    out = 0
-    for v in values:
-        out = (out * 1_000_003 + v) % (2**63)
-    return out
 
 
 class _Seeded(Dataset):
@@ -38,7 +32,7 @@ class _Seeded(Dataset):
     def __getitem__(self, i: int):
         j = self.indices[i]
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_mix(self.seed, j))
+            torch.manual_seed(seeding.mix(self.seed, j))
             return self.ds[j]
 
 
@@ -81,9 +75,9 @@ class ImageClassification(Task):
         workers = self.cfg.data.loader_workers
         # the loader's own generator: starting an iterator draws a seed, which must not come from
         # the global RNG (a resumed run starts its iterator at another point of that stream)
-        gen = torch.Generator().manual_seed(_mix(self.cfg.seed, epoch))
+        gen = seeding.generator(self.cfg.seed, epoch)
         return DataLoader(
-            _Seeded(ds, indices.tolist(), _mix(self.cfg.seed, epoch)),
+            _Seeded(ds, indices.tolist(), seeding.mix(self.cfg.seed, epoch)),
             batch_size=batch_size,
             shuffle=False,
             num_workers=workers,

@@ -36,7 +36,7 @@ import numpy as np
 import soundfile as sf
 import torch
 import torchaudio
-from dgc.tasks.images import DataError
+from dgc.tasks.base import DataError
 from torch.utils.data import Dataset
 
 SAMPLE_RATE = 16_000

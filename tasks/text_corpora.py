@@ -5,7 +5,7 @@
   rare words. Not available offline: a missing file raises :class:`DataError` saying how to get it.
 * ``kjv``: the King James Bible of Debian's ``bible-kjv`` (``bible -f 'Ge1:1-Re22:21'``, 31,102 verses),
   preprocessed like PTB and cached as ``<root>/kjv.{train,valid,test}.txt`` in the same format, built
-  on first use or by ``make data`` / ``python -m dgc.tasks.text --root data/kjv``:
+  on first use or by ``make data`` / ``python -m dgc.tasks.text_corpora --root data/kjv``:
 
   - one verse per line (the reader appends ``<eos>``), the reference (``Ge1:1``) removed;
   - lower case; ``--`` and all punctuation removed; possessive ``'s`` split off as its own token like
@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from dgc.tasks.images import DataError
+from dgc.tasks.base import DataError
+
+from dgc import atomic
 
 SPLITS = ("train", "valid", "test")
 EOS, UNK = "<eos>", "<unk>"
@@ -150,12 +152,6 @@ def kjv_splits(verses: list[tuple[str, int, str]], vocab: int = KJV_VOCAB) -> di
     return {s: [[w if w in keep else UNK for w in verse] for verse in vs] for s, vs in out.items()}
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def build_kjv(root: str | os.PathLike, force: bool = False) -> Path:
     """Write ``<root>/kjv.{train,valid,test}.txt`` (and ``kjv.json``) unless present; atomic, so
     several workers may build at once."""
@@ -165,7 +161,7 @@ def build_kjv(root: str | os.PathLike, force: bool = False) -> Path:
     splits = kjv_splits(kjv_verses())
     root.mkdir(parents=True, exist_ok=True)
     for s in SPLITS:
-        _atomic_write_text(root / f"kjv.{s}.txt", "".join(" ".join(v) + "\n" for v in splits[s]))
+        atomic.write_text(root / f"kjv.{s}.txt", "".join(" ".join(v) + "\n" for v in splits[s]))
     meta = {
         "source": f"bible -f '{KJV_RANGE}' (Debian bible-kjv, bible-kjv-text)",
         "split": "chapter index c (0-based, canonical order): c % 20 == 18 -> valid, == 19 -> test, else train",
@@ -173,7 +169,7 @@ def build_kjv(root: str | os.PathLike, force: bool = False) -> Path:
         "verses": {s: len(splits[s]) for s in SPLITS},
         "tokens_with_eos": {s: sum(len(v) + 1 for v in splits[s]) for s in SPLITS},
     }
-    _atomic_write_text(root / "kjv.json", json.dumps(meta, indent=1) + "\n")
+    atomic.write_text(root / "kjv.json", json.dumps(meta, indent=1) + "\n")
     return root
 
 

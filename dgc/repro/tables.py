@@ -2,8 +2,8 @@
 
 A :class:`Table` is a list of :class:`Row`\\ s; each row is one training run,
 ``python -m dgc.train task=<task> compression=<compression> <overrides>`` with ``world_size``
-ranks, kept in ``results/runs/<table>/<key>/``. :mod:`dgc.sweep` makes the runs,
-:mod:`dgc.report` reads them and writes ``results/<table>.{md,csv}`` and plots with the
+ranks, kept in ``results/runs/<table>/<key>/``. :mod:`dgc.repro.sweep` makes the runs,
+:mod:`dgc.repro.report` reads them and writes ``results/<table>.{md,csv}`` and plots with the
 paper's numbers (transcribed from the paper's Tables 2-4) beside the measured ones.
 
 Gradient sizes are per worker per step in MB of 2**20 bytes (the paper's 97.49 MB for
@@ -15,7 +15,7 @@ Choices the paper leaves open, made here:
   authors' 128 per GPU (``train.batch_size=32``) and keep 0.1 per 128 images (``optim.lr=0.025``
   per worker, scaled by the world size).
 * "4 nodes" (Tables 3 and 4) is read as N = 4 workers, the paper's "training nodes" of its
-  algorithm; ``python -m dgc.sweep --world-size 16`` runs 4 nodes of 4 GPUs instead.
+  algorithm; ``python -m dgc.repro.sweep --world-size 16`` runs 4 nodes of 4 GPUs instead.
 * The ablation follows the paper's Figure 3 (ResNet-110 on CIFAR-10, 4 GPUs: Gradient Dropping,
   then the techniques added) by switching one technique off at a time, and its AN4 result
   (momentum correction plus local clipping: WER 14.1% -> 12.9% over plain sparsification).
@@ -23,7 +23,7 @@ Choices the paper leaves open, made here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 #: the headline metric of each task kind, and whether higher is better
 HEADLINE = {"image": "top1", "language": "ppl", "speech": "wer"}
@@ -67,9 +67,17 @@ class Row:
     paper: Paper = field(default_factory=Paper)
     #: the group's reference for the Δ columns (the dense baseline, unless the paper compares otherwise)
     baseline: bool = False
+    #: the run's seed (None: the config's); rows that differ only in the seed are one method, averaged
+    seed: int | None = None
 
     def train_overrides(self) -> list[str]:
-        return [f"task={self.task}", f"compression={self.compression}", *self.overrides]
+        seed = [] if self.seed is None else [f"seed={self.seed}"]
+        return [f"task={self.task}", f"compression={self.compression}", *self.overrides, *seed]
+
+
+def seeded(rows: tuple[Row, ...], seeds: tuple[int, ...]) -> tuple[Row, ...]:
+    """Each row once per seed, keyed ``<key>-s<seed>``, seeds outermost (a sweep finishes one seed first)."""
+    return tuple(replace(r, key=f"{r.key}-s{seed}", seed=seed) for seed in seeds for r in rows)
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,7 @@ def _table2_rows() -> tuple[Row, ...]:
 # -- the ablation (paper Figure 3 and the AN4 result) ---------------------------------------------------
 _NO_MC = "compression.momentum_correction=false"
 _NO_MASK = "compression.momentum_masking=false"
-_NO_CLIP = "compression.clip_norm=null"
+_NO_CLIP = "sync.clip_norm=null"
 _NO_WARMUP = "task.compression_warmup_epochs=0"
 
 _ABLATION_CIFAR = "ResNet-110 CIFAR-10, 4 GPUs"
@@ -151,7 +159,7 @@ _FP16 = ("compression.wire_values=fp16",)
 # clips at 1.25 * sqrt(4) = 2.5: above ResNet-20's typical per-worker gradient norm of ~1.2 after the first
 # 50 steps, below the early spikes of up to ~5 measured with batch 32)
 _SHORT = ("train.epochs=3", "task.compression_warmup_epochs=0.5")
-_CLIP = "compression.clip_norm=1.25"
+_CLIP = "sync.clip_norm=1.25"
 _FM = "fmnist_resnet20"
 _CPU_FMNIST_GROUP = "ResNet-20 Fashion-MNIST, 4 workers, 5 epochs"
 # 5 epochs (of the task's 10) with its 1-epoch DGC warm-up: about 8 minutes per run on 2 cores
@@ -173,13 +181,13 @@ def _cpu_ablation_rows() -> tuple[Row, ...]:
 
 
 # the compact wire formats against the default one: the `make demo` setup (4 epochs, 1-epoch warm-up,
-# fp16 values), 4 seeds; one group per seed, so each Δ is paired (same seed, same data order). The
-# overrides spell each format out (the dgc_compact preset is one of them)
+# fp16 values), 4 seeds, each Δ paired by seed (same seed, same data order). The overrides spell each
+# format out (the dgc_compact preset is one of them)
 _DEMO4 = ("train.epochs=4", "task.compression_warmup_epochs=1", *_FP16)
 _RICE = "compression.wire_indices=rice"
-_POLICY = "compression.policy."
+_POLICY = "sync.policy."
 COMPACT_SEEDS = (0, 1, 2, 3)
-#: key suffix -> (method, overrides after the demo's)
+#: key -> (method, overrides after the demo's)
 COMPACT_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
     "default": ("default format: delta16 indices, BatchNorm/bias dense in fp16", ()),
     "compact-1bit": (
@@ -191,12 +199,48 @@ COMPACT_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def _cpu_compact_rows() -> tuple[Row, ...]:
-    return tuple(
-        Row(f"s{seed}-{key}", f"seed {seed}", method, _FM, "dgc", 4, (*_DEMO4, f"seed={seed}", *extra),
-            baseline=key == "default")
-        for seed in COMPACT_SEEDS
+    group = "ResNet-20 Fashion-MNIST, 4 workers, 4 epochs"
+    rows = tuple(
+        Row(key, group, method, _FM, "dgc", 4, (*_DEMO4, *extra), baseline=key == "default")
         for key, (method, extra) in COMPACT_FORMATS.items()
+    )
+    return seeded(rows, COMPACT_SEEDS)
+
+
+# -- the recurrent analogs, long enough for DGC (each compressed value sent ~20 times after the warm-up) -----
+#: seeds of the tables that average over seeds
+SEEDS = (0, 1)
+_KJV = "KJV, 2 workers x 10 streams, 12 epochs"
+
+
+def _cpu_kjv_rows() -> tuple[Row, ...]:
+    paper_none = Paper({"ppl": 72.30}, **_mb(194.68, 194.68, 1))
+    paper_dgc = Paper({"ppl": 72.24}, **_mb(194.68, 0.42, 462))
+    return seeded((
+        Row("none", _KJV, "Baseline", "kjv_lstm", "none", 2, paper=paper_none, baseline=True),
+        Row("dgc", _KJV, "DGC", "kjv_lstm", "dgc", 2, paper=paper_dgc),
+    ), SEEDS)  # fmt: skip
+
+
+_SPEECH = "synthetic speech, 2 workers x 4 utterances, 44 epochs"
+#: the two DGC settings compared on the dev split (seed 0): the paper's rules (a 1-epoch density warm-up, local
+#: clipping at the dense run's clip) and the earlier defaults of synth_deepspeech (3 epochs, 100)
+SPEECH_CANDIDATES = {
+    "dgc-w1-c400": ("task.compression_warmup_epochs=1", "task.local_clip_norm=400"),
+    "dgc-w3-c100": ("task.compression_warmup_epochs=3", "task.local_clip_norm=100"),
+}
+
+
+def _cpu_speech_rows() -> tuple[Row, ...]:
+    paper_none = Paper({"wer": 9.45}, **_mb(488.08, 488.08, 1))
+    paper_dgc = Paper({"wer": 9.06}, **_mb(488.08, 0.74, 608))
+    none = Row("none", _SPEECH, "Baseline", "synth_deepspeech", "none", 2, paper=paper_none, baseline=True)
+    candidates = tuple(
+        Row(key, _SPEECH, f"DGC, warm-up {o[0].split('=')[1]} epochs, local clip {o[1].split('=')[1]}",
+            "synth_deepspeech", "dgc", 2, o, paper=paper_dgc)
+        for key, o in SPEECH_CANDIDATES.items()
     )  # fmt: skip
+    return seeded((none, *candidates), (0,))
 
 
 _ANALOG = "another data set and model than the paper's: compare the Δ and the ratios, not absolute values"
@@ -251,13 +295,13 @@ TABLES: dict[str, Table] = {
             data="CIFAR-10 and AN4",
         ),
         Table(
-            "cpu-fmnist", "CPU analog of Table 2: ResNet-20 on Fashion-MNIST, 4 CPU workers", ("top1",),
-            (
+            "cpu-fmnist", "CPU analog of Table 2: ResNet-20 on Fashion-MNIST, 4 CPU workers, 2 seeds", ("top1",),
+            seeded((
                 Row("none", _CPU_FMNIST_GROUP, "Baseline", _FM, "none", 4, _EP5, Paper({"top1": 93.75}),
                     baseline=True),
                 Row("topk", _CPU_FMNIST_GROUP, "Gradient Dropping", _FM, "topk", 4, _EP5_FP16, Paper({"top1": 92.75})),
                 Row("dgc", _CPU_FMNIST_GROUP, "DGC", _FM, "dgc", 4, _EP5_FP16, Paper({"top1": 93.87})),
-            ),
+            ), SEEDS),
             f"paper Table 2, ResNet-110 CIFAR-10 on 4 GPUs; {_ANALOG}", full_scale=False,
         ),
         Table(
@@ -271,24 +315,14 @@ TABLES: dict[str, Table] = {
             full_scale=False,
         ),
         Table(
-            "cpu-kjv", "CPU analog of Table 4 (PTB): 2 x 200 LSTM on the King James Bible, 4 CPU workers",
-            ("ppl", "val_ppl"),
-            (
-                Row("none", "KJV", "Baseline", "kjv_lstm", "none", 4,
-                    paper=Paper({"ppl": 72.30}, **_mb(194.68, 194.68, 1)), baseline=True),
-                Row("dgc", "KJV", "DGC", "kjv_lstm", "dgc", 4, paper=Paper({"ppl": 72.24}, **_mb(194.68, 0.42, 462))),
-            ),
+            "cpu-kjv", "CPU analog of Table 4 (PTB): 2 x 200 LSTM on the King James Bible, 2 CPU workers, 2 seeds",
+            ("ppl", "val_ppl"), _cpu_kjv_rows(),
             f"paper Table 4, PTB 2 x 1500 LSTM; {_ANALOG}", full_scale=False,
         ),
         Table(
-            "cpu-speech", "CPU analog of Table 4 (LibriSpeech): small DeepSpeech on espeak-ng speech, 4 CPU workers",
-            ("wer", "cer", "librivox_wer"),
-            (
-                Row("none", "synthetic speech", "Baseline", "synth_deepspeech", "none", 4,
-                    paper=Paper({"wer": 9.45}, **_mb(488.08, 488.08, 1)), baseline=True),
-                Row("dgc", "synthetic speech", "DGC", "synth_deepspeech", "dgc", 4,
-                    paper=Paper({"wer": 9.06}, **_mb(488.08, 0.74, 608))),
-            ),
+            "cpu-speech",
+            "CPU analog of Table 4 (LibriSpeech): small DeepSpeech on espeak-ng speech, 2 CPU workers, 2 seeds",
+            ("wer", "dev_wer", "cer", "librivox_wer"), _cpu_speech_rows(),
             f"paper Table 4, LibriSpeech test-clean; {_ANALOG}", full_scale=False,
         ),
     )

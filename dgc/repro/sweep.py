@@ -1,9 +1,9 @@
-"""Make the runs of one table (see :mod:`dgc.tables`), then its report.
+"""Make the runs of one table (see :mod:`dgc.repro.tables`), then its report.
 
-    python -m dgc.sweep cpu-fmnist                          # here: one torchrun after another, then the report
-    python -m dgc.sweep table2-cifar --launcher slurm data.root=/data/cifar10   # one sbatch job per run
-    python -m dgc.sweep cpu-kjv --dry-run                   # print the commands only
-    python -m dgc.sweep cpu-fmnist --only dgc train.max_steps=20 --runs-root /tmp/runs --out /tmp/results
+    python -m dgc.repro.sweep cpu-fmnist                          # here: one torchrun after another, then the report
+    python -m dgc.repro.sweep table2-cifar --launcher slurm data.root=/data/cifar10   # one sbatch job per run
+    python -m dgc.repro.sweep cpu-kjv --dry-run                   # print the commands only
+    python -m dgc.repro.sweep cpu-fmnist --only dgc train.max_steps=20 --runs-root /tmp/runs --out /tmp/results
 
 Each run is ``python -m dgc.train <row overrides> <extra overrides> run_dir=<runs-root>/<table>/<key>``;
 extra overrides (after the table name) apply to every run and win over the row's;
@@ -13,7 +13,7 @@ left by an earlier sweep is removed first (``--skip-done`` keeps the finished on
 
 ``--launcher local`` (default here) runs ``torchrun --standalone --nproc_per_node=<world size>``
 sequentially on this machine (``OMP_NUM_THREADS`` = CPUs / ranks unless set) and stops at the first
-failure; then ``python -m dgc.report --table <table>`` writes ``<out>/<table>.{md,csv}`` and plots.
+failure; then ``python -m dgc.repro.report --table <table>`` writes ``<out>/<table>.{md,csv}`` and plots.
 
 ``--launcher slurm`` submits each run with ``launch/slurm/train_1node.sbatch`` (world size <=
 ``--gpus-per-node``) or ``train_multinode.sbatch`` (``ceil(world size / gpus-per-node)`` nodes), run
@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dgc.tables import TABLES, Row, Table, get_table
+from dgc.repro.tables import TABLES, Row, Table, get_table
 
 SLURM_DIR = Path("launch/slurm")
 
@@ -138,9 +138,9 @@ def report_args(table: Table, args: argparse.Namespace) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m dgc.sweep",
+        prog="python -m dgc.repro.sweep",
         description=__doc__.splitlines()[0],
-        epilog=f"tables: {', '.join(TABLES)} (python -m dgc.report --list shows their runs)",
+        epilog=f"tables: {', '.join(TABLES)} (python -m dgc.repro.report --list shows their runs)",
     )
     p.add_argument("table", help="the table to make")
     p.add_argument("overrides", nargs="*", help="dgc.train overrides for every run, e.g. data.root=/data/cifar10")
@@ -192,14 +192,14 @@ def main(argv: list[str] | None = None) -> None:
         run_local(table, rows, args)
         if args.no_report or args.dry_run:
             return
-        from dgc.report import main as report
+        from dgc.repro.report import main as report
 
         report([*report_args(table, args), *(["--partial"] if args.only else [])])
         return
     jobs = submit_slurm(table, rows, args)
     if args.no_report or args.dry_run or not jobs:
         return
-    report_cmd = shlex.join([sys.executable, "-m", "dgc.report", *report_args(table, args)])
+    report_cmd = shlex.join([sys.executable, "-m", "dgc.repro.report", *report_args(table, args)])
     cmd = [
         "sbatch", "--parsable", f"--job-name=dgc-report-{table.name}", f"--dependency=afterok:{':'.join(jobs)}",
         "--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--time=30",
