@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dgc import seeding
 from dgc.comm import Comm
 from dgc.timing import Phases
 
@@ -150,6 +151,38 @@ class Compressor:
             f"{f.name}={getattr(self.config, f.name)!r}" for f in fields(self.config) if f.name != "name"
         )
         return f"{type(self).__name__}({options})"
+
+
+class Stochastic(Compressor):
+    """A compressor that draws random numbers: one stream per worker, from ``(config.seed, rank)``, on the
+    device of the gradients (no host copies on CUDA), saved with the compressor's state."""
+
+    def __init__(self, config: CompressorConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.generator = seeding.generator(self.config.seed)  # type: ignore[attr-defined]
+
+    def bind(self, comm: Comm) -> None:
+        super().bind(comm)
+        self.generator = seeding.generator(self.config.seed, comm.rank)  # type: ignore[attr-defined]
+
+    def generator_on(self, device: torch.device) -> torch.Generator:
+        """The stream, moved to ``device`` (a new device type starts from the stream's seed there)."""
+        if self.generator.device != device:
+            state = self.generator.get_state() if self.generator.device.type == device.type else None
+            gen = torch.Generator(device=device)
+            if state is not None:
+                gen.set_state(state)
+            else:
+                gen.manual_seed(seeding.mix(self.config.seed, self.rank))  # type: ignore[attr-defined]
+            self.generator = gen
+        return self.generator
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        if "generator" in extra:
+            self.generator.set_state(extra["generator"])
 
 
 def flat_views(items: list[Item]) -> list[torch.Tensor]:

@@ -8,9 +8,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from dgc import kernels, seeding
-from dgc.comm import Comm
-from dgc.compressors.base import Item, check_int, check_number, register
+from dgc import kernels
+from dgc.compressors.base import Item, Stochastic, check_int, check_number, register
 from dgc.compressors.sparse import SparseCompressor, SparseConfig
 from dgc.select import (
     Candidates,
@@ -41,7 +40,7 @@ class DGCConfig(SparseConfig):
     reestimate_every: int = 1
     momentum_correction: bool = True
     momentum_masking: bool = True
-    #: seed of the sampling offsets (each worker draws its own stream from (seed, rank))
+    #: seed of the sampling offsets (each worker draws its own stream from (seed, rank): :class:`Stochastic`)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -54,7 +53,7 @@ class DGCConfig(SparseConfig):
 
 
 @register
-class DGC(SparseCompressor):
+class DGC(Stochastic, SparseCompressor):
     """Deep Gradient Compression.
 
     Per tensor and step, with g the (locally clipped) gradient plus weight decay:
@@ -92,15 +91,9 @@ class DGC(SparseCompressor):
         self.sample_ratio, self.lower_bound, self.upper_bound = c.sample_ratio, c.lower_bound, c.upper_bound
         self.max_adaptations, self.reestimate_every = c.max_adaptations, c.reestimate_every
         self.momentum_correction, self.momentum_masking = c.momentum_correction, c.momentum_masking
-        self.generator = seeding.generator(c.seed)
         self.scratch = Scratch()
         #: per tensor: [threshold, steps since it was sampled, density it was sampled for]
         self.thresholds: dict[str, list[float]] = {}
-
-    def bind(self, comm: Comm) -> None:
-        super().bind(comm)
-        # independent sampling offsets per worker, reproducible per (seed, rank)
-        self.generator = seeding.generator(self.config.seed, comm.rank)
 
     @property
     def owns_momentum(self) -> bool:
@@ -255,9 +248,8 @@ class DGC(SparseCompressor):
 
     # -- state ---------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state(), "thresholds": {n: list(t) for n, t in self.thresholds.items()}}
+        return {**super().extra_state(), "thresholds": {n: list(t) for n, t in self.thresholds.items()}}
 
     def load_extra_state(self, extra: dict[str, Any]) -> None:
-        if "generator" in extra:
-            self.generator.set_state(extra["generator"])
+        super().load_extra_state(extra)
         self.thresholds = {n: list(t) for n, t in extra.get("thresholds", {}).items()}

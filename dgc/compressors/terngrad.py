@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from dgc import bits, seeding
+from dgc import bits
 from dgc.comm import Comm
-from dgc.compressors.base import Compressor, CompressorConfig, Item, register
+from dgc.compressors.base import CompressorConfig, Item, Stochastic, register
 from dgc.timing import Phases
 
 
@@ -35,7 +35,7 @@ class TernGradConfig(CompressorConfig):
 
 
 @register
-class TernGrad(Compressor):
+class TernGrad(Stochastic):
     name: ClassVar[str] = "terngrad"
     config_class = TernGradConfig
     config: TernGradConfig
@@ -43,24 +43,6 @@ class TernGrad(Compressor):
     def __init__(self, config: TernGradConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
         self.clip_sigma = self.config.clip_sigma
-        self.seed = self.config.seed
-        self.generator = seeding.generator(self.seed)
-
-    def bind(self, comm: Comm) -> None:
-        super().bind(comm)
-        self.generator = seeding.generator(self.seed, comm.rank)
-
-    def _generator_on(self, device: torch.device) -> torch.Generator:
-        # random numbers are drawn where the gradient lives: no host copies on CUDA
-        if self.generator.device != device:
-            state = self.generator.get_state() if self.generator.device.type == device.type else None
-            gen = torch.Generator(device=device)
-            if state is not None:
-                gen.set_state(state)
-            else:
-                gen.manual_seed(seeding.mix(self.seed, self.rank))
-            self.generator = gen
-        return self.generator
 
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
         if not items:
@@ -78,7 +60,7 @@ class TernGrad(Compressor):
             packed = []
             for g, s in zip(grads, scales):
                 prob = g.abs() / s.clamp_min(1e-30)
-                rand = torch.rand(g.numel(), generator=self._generator_on(g.device), device=g.device)
+                rand = torch.rand(g.numel(), generator=self.generator_on(g.device), device=g.device)
                 codes = (torch.sign(g) * (rand < prob)).to(torch.int8) + 1
                 packed.append(bits.pack(codes, 2))
             message = torch.cat(packed)
@@ -91,10 +73,3 @@ class TernGrad(Compressor):
                 total = codes.to(g.dtype).sum(0) - rows.shape[0]  # codes are t + 1
                 g.copy_(total.mul_(s / rows.shape[0]))
                 start += p.numel()
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_extra_state(self, extra: dict[str, Any]) -> None:
-        if "generator" in extra:
-            self.generator.set_state(extra["generator"])
