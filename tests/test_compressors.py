@@ -459,6 +459,13 @@ def test_state_dict_resume_is_exact(name, kwargs):
         assert "generator" in saved["sync"]["compressor"]["extra"]
 
 
+@pytest.mark.parametrize("name", list(dgc.COMPRESSORS))
+def test_every_compressor_resumes_exactly_with_its_defaults(name):
+    uninterrupted, resumed, _ = _save_resume(name, {})
+    for a, b in zip(uninterrupted, resumed, strict=True):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("name,kwargs", [STATEFUL[0], STATEFUL[3]], ids=["dgc", "terngrad"])
 def test_resume_without_generator_state_diverges(name, kwargs):
     # control for the test above: the random state does matter for the trajectory
