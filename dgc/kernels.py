@@ -20,11 +20,7 @@ Arithmetic is exactly PyTorch's: ``u = fma(u, m, g)`` is what ``torch.add(g, u, 
 computes in its vectorized loop, Nesterov is ``u = (u + g) m; v = (v + u) + g``, and nothing
 else is contracted (``-ffp-contract=off``).
 
-torch.compile (inductor, C++ backend) was tried first: it does fuse the update, the comparison
-and the count into one loop (as fast as this kernel, after a 35-55 s first compilation), but any
-variant that also stores a mask (bool, uint8 or int32) ran at 0.2-0.5 s per 25.5M values here,
-20-50 times slower than the same loop without the store; positions cannot come out of it
-cheaply. Hence this kernel.
+Why not torch.compile: it fuses the loop but not the store of the positions (docs/design.md).
 """
 
 from __future__ import annotations

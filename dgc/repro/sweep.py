@@ -32,6 +32,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from dgc.repro.tables import TABLES, Row, Table, get_table
@@ -93,14 +94,19 @@ def extra_overrides(row: Row, args: argparse.Namespace) -> list[str]:
     return [*roots[:1], *args.overrides]
 
 
-def run_local(table: Table, rows: list[Row], args: argparse.Namespace) -> None:
+def _to_run(table: Table, rows: list[Row], args: argparse.Namespace) -> Iterator[tuple[Row, int, Path]]:
+    """``(row, world size, run directory)`` of each row to run now (finished ones kept with --skip-done)."""
     for row in rows:
-        world_size = args.world_size or row.world_size
         run_dir = _run_dir(args, table, row)
-        cmd = local_command(row, world_size, extra_overrides(row, args), run_dir)
         if not _prepare(run_dir, args.skip_done, args.dry_run):
             print(f"[sweep] {table.name}/{row.key}: done, kept ({run_dir})", file=sys.stderr)
             continue
+        yield row, args.world_size or row.world_size, run_dir
+
+
+def run_local(table: Table, rows: list[Row], args: argparse.Namespace) -> None:
+    for row, world_size, run_dir in _to_run(table, rows, args):
+        cmd = local_command(row, world_size, extra_overrides(row, args), run_dir)
         print(f"[sweep] {table.name}/{row.key}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         if args.dry_run:
             continue
@@ -113,13 +119,8 @@ def run_local(table: Table, rows: list[Row], args: argparse.Namespace) -> None:
 
 def submit_slurm(table: Table, rows: list[Row], args: argparse.Namespace) -> list[str]:
     jobs = []
-    for row in rows:
-        world_size = args.world_size or row.world_size
-        run_dir = _run_dir(args, table, row)
+    for row, world_size, run_dir in _to_run(table, rows, args):
         cmd, env = slurm_command(table, row, world_size, extra_overrides(row, args), run_dir, args)
-        if not _prepare(run_dir, args.skip_done, args.dry_run):
-            print(f"[sweep] {table.name}/{row.key}: done, kept ({run_dir})", file=sys.stderr)
-            continue
         print(f"[sweep] {table.name}/{row.key}: NPROC={env['NPROC']} {shlex.join(cmd)}", file=sys.stderr, flush=True)
         if args.dry_run:
             continue

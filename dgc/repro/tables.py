@@ -155,14 +155,12 @@ def _ablation_rows() -> tuple[Row, ...]:
 # sparse methods send 16-bit values on the small models, as `make demo` does (the rounding error stays in
 # the residual); with fp32 values the fixed per-tensor cost caps ResNet-20 far below the paper's ratios
 _FP16 = ("compression.wire_values=fp16",)
-# ablation runs: 3 epochs with a half-epoch warm-up; local clipping at 1.25 (each of the 4 workers
-# clips at 1.25 * sqrt(4) = 2.5: above ResNet-20's typical per-worker gradient norm of ~1.2 after the first
-# 50 steps, below the early spikes of up to ~5 measured with batch 32)
+# ablation runs: 3 epochs with a half-epoch warm-up; local clipping at 1.25 (docs/design.md)
 _SHORT = ("train.epochs=3", "task.compression_warmup_epochs=0.5")
 _CLIP = "sync.clip_norm=1.25"
 _FM = "fmnist_resnet20"
 _CPU_FMNIST_GROUP = "ResNet-20 Fashion-MNIST, 4 workers, 5 epochs"
-# 5 epochs (of the task's 10) with its 1-epoch DGC warm-up: about 8 minutes per run on 2 cores
+# 5 epochs (of the task's 10) with its 1-epoch DGC warm-up
 _EP5 = ("train.epochs=5",)
 _EP5_FP16 = (*_EP5, *_FP16)
 
