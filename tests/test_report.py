@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dgc.repro import report
+from dgc.repro import plots, report
 from dgc.repro.tables import TABLES, get_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -219,8 +219,8 @@ def test_cli_wants_a_table_or_run_dirs(capsys):
 
 def test_the_papers_point_sits_at_its_ratio_or_is_left_out():
     rows = {r.key: r for r in get_table("cpu-fmnist").rows}
-    assert report.paper_ratio_of(rows["none-s0"]) == 1.0
+    assert plots.paper_ratio_of(rows["none-s0"]) == 1.0
     # the paper's Table 2 gives no ratio for its sparse rows: not drawn at 1x
-    assert report.paper_ratio_of(rows["dgc-s0"]) is None and report.paper_ratio_of(rows["topk-s1"]) is None
+    assert plots.paper_ratio_of(rows["dgc-s0"]) is None and plots.paper_ratio_of(rows["topk-s1"]) is None
     alexnet = {r.key: r for r in get_table("table3-imagenet").rows}
-    assert report.paper_ratio_of(alexnet["alexnet-dgc"]) == 597
+    assert plots.paper_ratio_of(alexnet["alexnet-dgc"]) == 597

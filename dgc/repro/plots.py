@@ -1,0 +1,153 @@
+"""The plots of a table (:mod:`dgc.repro.report`): the headline metric against the step and against the
+compression ratio, one panel per group, the seeds of a method averaged."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+from dgc.repro.tables import HEADLINE, METRICS, Row, Table
+
+if TYPE_CHECKING:
+    from dgc.repro.report import Run
+
+
+def sd(values: list[float]) -> float | None:
+    """The sample standard deviation (None below two values)."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
+def _groups(table: Table) -> list[str]:
+    return list(dict.fromkeys(r.group for r in table.rows))
+
+
+def _panels(count: int):  # noqa: ANN202 - matplotlib figure and axes
+    """A row of ``count`` plot panels on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, count, figsize=(5.5 * count, 4), squeeze=False)
+
+
+def _png(fig) -> bytes:
+    """The figure as PNG bytes; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _title(fig: Any, title: str) -> None:
+    """The table's title over the panels, wrapped to the figure's width (a long title would be cut off)."""
+    width = max(40, int(fig.get_figwidth() * 11))
+    fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=10)
+
+
+def _by_method(runs: list[Run]) -> dict[str, list[Run]]:
+    """A group's runs by method (the seeds of a method together), in table order."""
+    out: dict[str, list[Run]] = {}
+    for run in runs:
+        out.setdefault(run.row.method, []).append(run)
+    return out
+
+
+def _curve(runs: list[Run], metric: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps, mean, min and max of ``metric`` over the runs, at the evaluations every run made."""
+    series = []
+    for run in runs:
+        points = {e["step"]: float(e[metric]) for e in run.evals if isinstance(e.get(metric), int | float)}
+        if not points and run.metric(metric) is not None:
+            points = {int(run.summary.get("steps", 0)): float(run.metric(metric))}  # type: ignore[arg-type]
+        series.append(points)
+    steps = sorted(set.intersection(*(set(p) for p in series))) if series else []
+    values = [[p[s] for p in series] for s in steps]
+    return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
+def _has_paper(table: Table) -> bool:
+    return any(r.paper.metrics for r in table.rows)
+
+
+def _paper_on_axes(table: Table) -> bool:
+    """The paper's numbers share our axes only at full scale (the CPU analogs train other data)."""
+    return table.full_scale
+
+
+def plot_steps(table: Table, runs: list[Run]) -> bytes:
+    """The headline metric at each evaluation against the step, one panel per group, one line per method (the
+    mean over its seeds, the band their range); at full scale the paper's final value dashed in the same colour."""
+    groups = _groups(table)
+    fig, axes = _panels(len(groups))
+    for ax, group in zip(axes[0], groups):
+        group_runs = [r for r in runs if r.row.group == group]
+        metric = group_runs[0].headline if group_runs else HEADLINE["image"]
+        dashed = banded = False
+        for method, method_runs in _by_method(group_runs).items():
+            steps, mean, low, high = _curve(method_runs, metric)
+            label = method if len(method_runs) == 1 else f"{method} (mean of {len(method_runs)})"
+            (line,) = ax.plot(steps, mean, marker="o", ms=3, label=label)
+            if len(method_runs) > 1:
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, lw=0)
+                banded = True
+            paper = method_runs[0].row.paper.metrics
+            if _paper_on_axes(table) and metric in paper:
+                ax.axhline(paper[metric], ls="--", lw=0.8, color=line.get_color())
+                dashed = True
+        label, higher = METRICS.get(metric, (metric, True))
+        legend = f"{'higher' if higher else 'lower'} is better" + ("; band: range over seeds" if banded else "")
+        legend += "; dashed: paper" if dashed else ""
+        ax.set(xlabel="step", ylabel=label, title=f"{group}\n({legend})")
+        ax.grid(alpha=0.3)
+        if group_runs:
+            ax.legend(fontsize=7)
+    other_data = not _paper_on_axes(table) and _has_paper(table)
+    caveat = " (the paper's numbers: in the table, other data)" if other_data else ""
+    _title(fig, table.title + caveat)
+    return _png(fig)
+
+
+def paper_ratio_of(row: Row) -> float | None:
+    """Where the paper's point of a row goes on the ratio axis: its ratio, 1 for a dense run, else None
+    (Table 2 gives no ratio for its sparse rows: those are left out rather than drawn at 1x)."""
+    return row.paper.ratio or (1.0 if row.compression == "none" else None)
+
+
+def plot_ratio(table: Table, runs: list[Run]) -> bytes:
+    """The headline metric against the compression ratio (log): ours filled (mean over seeds, bars: their
+    standard deviation), at full scale the paper's hollow."""
+    groups = _groups(table)
+    fig, axes = _panels(len(groups))
+    for ax, group in zip(axes[0], groups):
+        group_runs = [r for r in runs if r.row.group == group]
+        metric = group_runs[0].headline if group_runs else HEADLINE["image"]
+        for i, (method, method_runs) in enumerate(_by_method(group_runs).items()):
+            color = f"C{i % 10}"
+            points = [(r.ratio[0], r.metric(metric)) for r in method_runs]
+            points = [(x, y) for x, y in points if x is not None and y is not None]
+            if points:
+                ys = [y for _, y in points]
+                ax.errorbar([sum(x for x, _ in points) / len(points)], [sum(ys) / len(ys)], yerr=sd(ys) or 0.0,
+                            fmt="o", color=color, capsize=3, label=f"{method} (ours)")  # fmt: skip
+            row = method_runs[0].row
+            paper_ratio = paper_ratio_of(row)
+            if _paper_on_axes(table) and metric in row.paper.metrics and paper_ratio is not None:
+                ax.scatter([paper_ratio], [row.paper.metrics[metric]], facecolors="none", edgecolors=color,
+                           label=f"{method} (paper)")  # fmt: skip
+        ax.set_xscale("log")
+        label, higher = METRICS.get(metric, (metric, True))
+        ax.set(xlabel="compression ratio (dense / sent bytes)", ylabel=label,
+               title=f"{group}\n({'higher' if higher else 'lower'} is better)")  # fmt: skip
+        ax.grid(alpha=0.3, which="both")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    _title(fig, table.title)
+    return _png(fig)
