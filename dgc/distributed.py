@@ -87,7 +87,7 @@ def slurm_master_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistInfo:
+def init_distributed(device: str = "auto", timeout_s: float = 600) -> DistInfo:
     """Initialize the default process group from the launcher's environment (idempotent)."""
     rank = _env_int("RANK", "SLURM_PROCID") or 0
     world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS") or 1
@@ -104,14 +104,29 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistInfo:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:
             raise RuntimeError("MASTER_PORT is not set: launch with torchrun, or export MASTER_ADDR/MASTER_PORT")
+        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(
             backend,
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
             device_id=dev if dev.type == "cuda" else None,
+            store=_attempt_store(timeout),
         )
     return DistInfo(rank, world_size, local_rank, dev, backend)
+
+
+def _attempt_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun, the agent's store with keys of this attempt only (None otherwise: ``env://``).
+
+    torchrun's workers share the agent's TCPStore across restarts: after ``--max-restarts`` brings the
+    workers back, a rank can read the gloo address the previous attempt's rank 0 left there, and fail
+    to connect (or wait) before the new rank 0 overwrites it. Keys prefixed by the attempt
+    (``TORCHELASTIC_RESTART_COUNT``) never mix."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/dgc/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def shutdown(clean: bool = True) -> None:

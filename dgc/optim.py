@@ -50,6 +50,7 @@ class SGD(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay))
         self.sync = sync
         self._group_key: tuple[int, int] | None = None
+        self._skipped_step = -1
         sync.bind_optimizer(self)
 
     def hyper(self, param: torch.Tensor) -> tuple[float, bool, float]:
@@ -67,6 +68,11 @@ class SGD(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        last = self.sync.last
+        if last is not None and last.skipped and last.step != self._skipped_step:
+            # the exchange skipped this step (a worker's gradient was not finite): no update at all
+            self._skipped_step = last.step
+            return loss
         for group in self.param_groups:
             lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
             for p in group["params"]:

@@ -21,6 +21,16 @@ Per step, over all gradients of the step:
    (biases, BatchNorm) are exchanged dense in one collective.
 4. the compressor exchanges and writes the averaged result into the gradients.
 
+Before step 1, the workers agree in one tiny allreduce (a byte per flag) on two things:
+
+* **non-finite gradients**: when any worker's gradient holds a NaN or an Inf, every worker skips
+  the step: nothing enters momentum, residuals or the model, the gradients are zeroed and
+  :attr:`StepStats.skipped` is set (:class:`dgc.SGD` then does not step; with another optimizer,
+  skip ``optimizer.step()`` yourself);
+* **requests** (:meth:`GradientSync.request`, e.g. from a signal handler): a ``"stop"`` or
+  ``"checkpoint"`` asked for on any worker is seen by all of them at the same step
+  (:attr:`StepStats.requests`), so they can stop or checkpoint at the same step boundary.
+
 Everything runs in one thread in a fixed tensor order, so every worker issues the same
 collectives in the same order. Every collective goes through the :class:`~dgc.comm.Comm` the
 sync is given (by default the default process group): the seam where another exchange topology
@@ -47,6 +57,8 @@ from dgc.wire import DTYPES
 
 #: how the tensors the policy leaves dense are exchanged
 DENSE_VALUES = (*DTYPES, "1bit")
+#: what a worker can ask all workers to do at the next step boundary (:meth:`GradientSync.request`)
+REQUESTS = ("stop", "checkpoint")
 
 
 @dataclass
@@ -124,6 +136,12 @@ class StepStats:
     communicate_s: float = 0.0
     decompress_s: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)
+    #: some worker's gradient was not finite: nothing was exchanged or accumulated, the gradients are zero
+    skipped: bool = False
+    #: what any worker requested before this step (:meth:`GradientSync.request`), agreed by all
+    requests: tuple[str, ...] = ()
+    #: the agreement on non-finite gradients and requests (one byte per flag; not part of ``sent_bytes``)
+    control_bytes: int = 0
 
     @property
     def wire_ratio(self) -> float:
@@ -146,6 +164,7 @@ class GradientSync:
         comm: the collectives to use (default: ``Comm(group)``).
         group: process group of the default ``Comm`` (None: the default group, or a single process).
         timing: time the phases (on CUDA this synchronizes the device at phase boundaries).
+        check_finite: skip, on every worker, a step in which any worker's gradient is not finite.
     """
 
     def __init__(
@@ -158,6 +177,7 @@ class GradientSync:
         comm: Comm | None = None,
         group: dist.ProcessGroup | None = None,
         timing: bool = True,
+        check_finite: bool = True,
     ):
         named = model.named_parameters() if isinstance(model, torch.nn.Module) else model
         self.params: list[tuple[str, torch.nn.Parameter]] = [(n, p) for n, p in named if p.requires_grad]
@@ -177,9 +197,11 @@ class GradientSync:
             self.dense_compressor = OneBit()
             self.dense_compressor.bind(self.comm)
         self.timing = timing
+        self.check_finite = check_finite
         self.optimizer: Hyper | None = None
         self.steps = 0
         self.last: StepStats | None = None
+        self._requested: set[str] = set()
 
     # -- configuration -------------------------------------------------------------
     @property
@@ -199,6 +221,13 @@ class GradientSync:
     def set_epoch(self, epoch: float) -> None:
         """Drive the compression warm-up (a fractional epoch is fine)."""
         self.compressor.set_epoch(epoch)
+
+    def request(self, what: str) -> None:
+        """Ask every worker to see ``what`` (one of :data:`REQUESTS`) in the next step's
+        :attr:`StepStats.requests`. Safe to call from a signal handler."""
+        if what not in REQUESTS:
+            raise ValueError(f"unknown request {what!r}; valid: {', '.join(REQUESTS)}")
+        self._requested.add(what)
 
     def name_of(self, param: torch.Tensor) -> str:
         try:
@@ -222,8 +251,17 @@ class GradientSync:
         phases = Phases(cuda_sync=self.timing and any(g.is_cuda for _, g in pairs))
         self.comm.phases = phases
         self.comm.reset_traffic()
+        grads = [g for _, g in pairs]
         with phases("compress"):
-            self._clip([g for _, g in pairs])
+            norms = [torch.linalg.vector_norm(g) for g in grads] if self.check_finite or self.clip_norm else []
+            bad = self.check_finite and bool(norms) and not bool(torch.isfinite(torch.stack(norms)).all())
+        skipped, requests = self._agree(bad)
+        control = self.comm.reset_traffic().sent  # not gradient traffic: reported apart
+        if skipped:
+            torch._foreach_zero_(grads)
+            return self._finish(pairs, [], phases, control, 0, skipped, requests)
+        with phases("compress"):
+            self._clip(grads, norms)
             compressed, dense = [], []
             for p, g in pairs:
                 item = self._item(p, g)
@@ -234,6 +272,16 @@ class GradientSync:
             allreduce_dense(dense, self.comm, phases, DTYPES.get(self.policy.dense_values, torch.float32))
         dense_sent = self.comm.traffic.sent
         self.compressor.exchange(compressed, self.comm, phases)
+        return self._finish(pairs, compressed, phases, control, dense_sent, skipped, requests)
+
+    def _agree(self, bad: bool) -> tuple[bool, tuple[str, ...]]:
+        """Whether any worker's gradient was not finite, and what any worker requested (one small MAX)."""
+        flags = torch.tensor([bad, *(r in self._requested for r in REQUESTS)], dtype=torch.uint8)
+        self._requested.clear()
+        self.comm.allreduce_max_(flags)
+        return bool(flags[0]), tuple(r for r, f in zip(REQUESTS, flags[1:].tolist()) if f)
+
+    def _finish(self, pairs, compressed, phases, control, dense_sent, skipped, requests) -> StepStats:  # noqa: ANN001
         traffic = self.comm.reset_traffic()
         self.steps += 1
         self.last = StepStats(
@@ -251,6 +299,9 @@ class GradientSync:
             communicate_s=phases.seconds["communicate"],
             decompress_s=phases.seconds["decompress"],
             counters=dict(phases.counters),
+            skipped=skipped,
+            requests=requests,
+            control_bytes=control,
         )
         return self.last
 
@@ -268,11 +319,13 @@ class GradientSync:
             grad.add_(param.detach(), alpha=weight_decay)
         return Item(name, param, grad, momentum=momentum, nesterov=nesterov)
 
-    def _clip(self, grads: list[torch.Tensor]) -> None:
+    def _clip(self, grads: list[torch.Tensor], norms: list[torch.Tensor]) -> None:
+        """Scale this worker's gradient to global norm at most ``clip_norm * N**0.5`` (``norms``: per tensor,
+        finite: a non-finite gradient skips the step before it gets here)."""
         if self.clip_norm is None or not grads:
             return
         limit = self.clip_norm * self.world_size**0.5
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        norm = torch.linalg.vector_norm(torch.stack(norms))
         scale = torch.clamp(limit / (norm + 1e-6), max=1.0)
         torch._foreach_mul_(grads, scale)
 

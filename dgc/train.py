@@ -4,23 +4,33 @@ One process::
 
     python -m dgc.train task=fmnist_resnet20 compression=dgc train.max_steps=200
 
-Data parallel on one machine (gloo on CPU, NCCL on GPU)::
+Data parallel on one machine, one process per worker (gloo on CPU, NCCL on GPU); ``--nproc N`` runs
+PyTorch's elastic launcher (torchrun's) for you, checks the configuration before any worker starts, and
+exits with the workers' status (``--max-restarts K`` restarts crashed workers, which resume)::
 
-    torchrun --nproc_per_node=4 -m dgc.train task=cifar10_resnet110 compression=dgc data.root=~/data
+    python -m dgc.train --nproc 4 task=cifar10_resnet110 compression=dgc data.root=$HOME/data/cifar10
+    torchrun --standalone --nproc_per_node=4 -m dgc.train task=cifar10_resnet110 compression=dgc   # the same
 
-Several nodes: ``launch/slurm/`` (srun + torchrun with c10d rendezvous). A sweep, one run
-after another (never inside torchrun)::
+Several nodes: ``launch/slurm/`` (one Slurm task per rank). A sweep, one run after another (never
+inside torchrun)::
 
     python -m dgc.train -m task=fmnist_resnet20 compression=none,topk,dgc
 
-Common overrides: ``run_dir=PATH seed=N train.max_steps=N data.limit=N resume=true``;
+Common overrides: ``run_dir=PATH seed=N train.max_steps=N data.limit=N resume=auto``;
 ``python -m dgc.train --cfg job`` prints the composed configuration.
+
+Exit status: 0 done; 2 a problem you can fix (the one line printed says which); 3 the run diverged
+(non-finite gradients); 4 a collective timed out (a rank stalled or died); 75 stopped on SIGTERM or
+SIGUSR1 after a checkpoint (run the same command with ``resume=auto`` to continue); 1 anything else.
+Set ``DGC_DEBUG=1`` for tracebacks.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import traceback
 from dataclasses import fields, is_dataclass
 from typing import NoReturn
 
@@ -29,18 +39,38 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from dgc.compressors import COMPRESSORS
-from dgc.repro.config import Config
+from dgc.repro.config import (
+    EXIT_DIVERGED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_STALLED,
+    EXIT_USER,
+    Config,
+    ConfigError,
+)
 
 CONFIG_MODULE = "dgc.conf"
+GROUPS = ("task", "compression", "logger", "model", "data", "optim")
 ConfigStore.instance().store(name="schema", node=Config)
 # each compressor's config is the schema of its presets (conf/compression/*.yaml: /schema/compression/<name>)
 for _name, _cls in COMPRESSORS.items():
     ConfigStore.instance().store(group="schema/compression", name=_name, node=_cls.config_class)
 
 
-def _fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+def _rank() -> int:
+    for name in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def _fail(message: str, status: int = EXIT_USER, prefix: str = "error") -> NoReturn:
+    """One line on stderr (from rank 0 only, so a job prints it once) and exit ``status``."""
+    if _rank() == 0:
+        print(f"{prefix}: {message}", file=sys.stderr, flush=True)
+    if os.environ.get("DGC_DEBUG") and sys.exc_info()[0] is not None:
+        traceback.print_exc()
+    sys.exit(status)
 
 
 def _valid_keys(path: str, owner: object = None) -> str:
@@ -57,7 +87,18 @@ def _valid_keys(path: str, owner: object = None) -> str:
     return ", ".join(f.name for f in fields(node)) if is_dataclass(node) else ""
 
 
-def precheck(overrides: list[str]) -> None:
+def _refuse_added_keys(user: list[str]) -> None:
+    """``+key=value`` adds a key the schema does not have (Hydra allows it): a typo, refused."""
+    for override in user:
+        if override.startswith("+"):
+            key = override.lstrip("+").split("=", 1)[0]
+            if key.split(".")[0] not in GROUPS or "." in key:
+                parent = key.rsplit(".", 1)[0] if "." in key else ""
+                valid = _valid_keys(key) if parent else ", ".join(f.name for f in fields(Config))
+                _fail(f"{override}: the configuration has no key {key!r} to add (valid keys: {valid})")
+
+
+def precheck(overrides: list[str]) -> Config:
     """Compose a single run's config once up front, so mistakes get one clear line."""
     from hydra import compose, initialize_config_module
     from hydra.errors import ConfigCompositionException, MissingConfigException
@@ -66,11 +107,12 @@ def precheck(overrides: list[str]) -> None:
     from dgc.conf import options
 
     user = [o for o in overrides if not o.startswith(("hydra.", "hydra/", "--", "-"))]
+    _refuse_added_keys(user)
     try:
         with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            typed(compose("config", overrides=user))
+            return typed(compose("config", overrides=user))
     except MissingConfigException as exc:
-        for group in ("task", "compression", "logger", "model", "data", "optim"):
+        for group in GROUPS:
             for o in user:
                 if o.split("=", 1)[0].lstrip("+~") == group and o.split("=", 1)[1] not in options(group):
                     _fail(f"unknown {group} {o.split('=', 1)[1]!r}; valid: {', '.join(options(group))}")
@@ -93,12 +135,21 @@ def typed(cfg: DictConfig) -> Config:
         _fail(str(exc).splitlines()[0])
 
 
+def _peer_lost(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(t in text for t in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "timed out" in text or "timeout" in text
+
+
 @hydra.main(version_base="1.3", config_path="pkg://" + CONFIG_MODULE, config_name="config")
 def _main(cfg: DictConfig) -> dict | None:
     from dgc.distributed import init_distributed, shutdown
     from dgc.repro import faults
-    from dgc.repro.config import ConfigError
-    from dgc.repro.trainer import Trainer
+    from dgc.repro.trainer import Diverged, Interrupted, Trainer
 
     config = typed(cfg)
     try:
@@ -106,29 +157,86 @@ def _main(cfg: DictConfig) -> dict | None:
     except ValueError as exc:
         _fail(str(exc))
     try:
-        info = init_distributed(config.device)
+        info = init_distributed(config.device, timeout_s=config.timeout_s)
     except ValueError as exc:  # e.g. device=cuda without CUDA
         _fail(str(exc).splitlines()[0])
     try:
-        trainer = Trainer(config, info, callbacks=callbacks)
-        summary = trainer.fit()
+        summary = Trainer(config, info, callbacks=callbacks).fit()
     except ConfigError as exc:
         shutdown(clean=False)
         _fail(str(exc).splitlines()[0])
-    except BaseException:
+    except Interrupted as exc:
         shutdown(clean=False)
-        raise
+        _fail(str(exc), EXIT_INTERRUPTED, prefix="interrupted")
+    except Diverged as exc:
+        shutdown(clean=False)
+        _fail(str(exc), EXIT_DIVERGED)
+    except Exception as exc:  # noqa: BLE001 - every other failure: one line, the traceback on request
+        shutdown(clean=False)
+        if _is_timeout(exc):
+            _fail(f"a collective waited longer than timeout_s={config.timeout_s:g} s: a rank stalled or died "
+                  f"({type(exc).__name__})", EXIT_STALLED)  # fmt: skip
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if _peer_lost(exc):
+            _fail(f"another rank stopped (gloo: {first.split('] ')[-1]}); run the same command with resume=auto to "
+                  "continue from the last checkpoint", EXIT_ERROR)  # fmt: skip
+        if _rank() != 0:  # a failure of this rank alone: say which
+            print(f"error: rank {_rank()}: {type(exc).__name__}: {first}", file=sys.stderr, flush=True)
+        _fail(f"{type(exc).__name__}: {first} (set DGC_DEBUG=1 for the traceback)", EXIT_ERROR)
     shutdown()
     return summary
 
 
+def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
+    """Run ``nproc`` workers on this machine with PyTorch's elastic agent (torchrun's, standalone
+    rendezvous on a free port) and exit with their status: one line on errors, no launcher trace."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--standalone", "--monitor-interval=1"]
+    try:
+        run(parse_args([*args, "-m", "dgc.train", *overrides]))
+    except ChildFailedError as exc:
+        codes = [f.exitcode for f in exc.failures.values()]
+        # the workers printed their line; a worker killed by a signal has a negative code
+        status = next((c for c in codes if c > 0), EXIT_ERROR)
+        if all(c < 0 for c in codes):
+            print(f"error: worker killed by signal {-codes[0]}", file=sys.stderr, flush=True)
+        sys.exit(status)
+    sys.exit(0)
+
+
+def _launcher_options(args: list[str]) -> tuple[int | None, int, list[str]]:
+    """``--nproc N`` and ``--max-restarts K`` (also ``--opt=value``), and the remaining arguments."""
+    nproc, restarts, rest = None, 0, []
+    it = iter(args)
+    for arg in it:
+        name, _, value = arg.partition("=")
+        if name in ("--nproc", "--nproc-per-node", "--max-restarts"):
+            value = value or next(it, "")
+            if not value.isdigit() or (name != "--max-restarts" and int(value) < 1):
+                _fail(f"{name} takes a whole number{' >= 1' if name != '--max-restarts' else ''}, got {value!r}")
+            if name == "--max-restarts":
+                restarts = int(value)
+            else:
+                nproc = int(value)
+        else:
+            rest.append(arg)
+    return nproc, restarts, rest
+
+
 def main() -> None:
-    args = sys.argv[1:]
+    nproc, restarts, args = _launcher_options(sys.argv[1:])
     multirun = any(a in ("-m", "--multirun") for a in args)
-    if multirun and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if multirun and (int(os.environ.get("WORLD_SIZE", "1")) > 1 or nproc):
         _fail("a Hydra multirun (-m) inside torchrun would run the whole sweep on every rank; sweep outside torchrun")
     if not multirun and not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in args):
         precheck(args)
+    if nproc:
+        launch(nproc, restarts, args)
+    sys.argv = [sys.argv[0], *args]
     _main()
 
 

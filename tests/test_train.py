@@ -122,6 +122,7 @@ def test_torchrun_two_ranks(torchrun_run):
     run_dir = run_dirs[0]
     assert run_dir.parent.name == "dgc" and run_dir.parent.parent.name == "fmnist_resnet20"
     assert sorted(p.name for p in run_dir.iterdir()) == [
+        "checkpoint.prev.pt",  # the last two checkpoints are kept
         "checkpoint.pt",
         "config.yaml",
         "env.json",
@@ -206,9 +207,9 @@ def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
     saved = []
     original = RunFiles.save_checkpoint
 
-    def save(self, state, step):
-        saved.append((step, state["last_eval"][1]))
-        original(self, state, step)
+    def save(self, state):
+        saved.append((state["counters"]["step"], state["last_eval"][1]))
+        original(self, state)
 
     monkeypatch.setattr(RunFiles, "save_checkpoint", save)
     args = [*TINY, f"data.root={fmnist}", "data.limit=16", "train.max_steps=6", "train.checkpoint_every=2"]
@@ -258,7 +259,7 @@ def test_existing_run_is_refused(fmnist, tmp_path):
     assert out.returncode != 0
     assert (
         out.stderr.strip()
-        == f"error: {run_dir} already holds a run: pass resume=true to continue it, or another run_dir"
+        == f"error: {run_dir} already holds a run: pass resume=true (or resume=auto) to continue it, or another run_dir"
     )
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
 
@@ -270,7 +271,8 @@ def test_run_without_checkpoint_is_refused(fmnist, tmp_path):
     (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
     cfg = _compose(*TINY, f"data.root={fmnist}", "train.max_steps=1", f"run_dir={run_dir}")
     with pytest.raises(ConfigError, match="no checkpoint"):
-        Trainer(cfg, init_distributed("cpu"))
+        Trainer(cfg, init_distributed("cpu")).fit()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl"]  # left as it was
     # an empty directory is fine
     (run_dir / "metrics.jsonl").unlink()
     assert Trainer(cfg, init_distributed("cpu")).fit()["steps"] == 1

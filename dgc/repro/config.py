@@ -16,7 +16,14 @@ from dgc.sync import SyncConfig
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot run; the message is one line saying what is valid."""
+    """A problem the user can fix (a bad setting, a run directory that cannot be used, a corrupt checkpoint,
+    a full disk); the message is one line saying what is wrong and what to do. Exit status 2."""
+
+
+#: exit statuses of ``python -m dgc.train``
+EXIT_OK, EXIT_ERROR, EXIT_USER, EXIT_DIVERGED, EXIT_STALLED = 0, 1, 2, 3, 4
+#: stopped at a step boundary on SIGTERM / SIGUSR1 after a checkpoint: run the same command again to continue
+EXIT_INTERRUPTED = 75
 
 
 @dataclass
@@ -85,8 +92,12 @@ class TrainConfig:
     #: stop after N optimizer steps, then evaluate and write the summary
     max_steps: int | None = None
     log_every: int = 10
-    #: checkpoint every N steps (0: only at the end of each epoch and of the run)
+    #: checkpoint every N steps (0: by time and at the end of each epoch and of the run only)
     checkpoint_every: int = 0
+    #: and whenever this many minutes passed since the last checkpoint (0: never by time)
+    checkpoint_minutes: float = 10.0
+    #: end the run (exit status 3) after this many steps in a row with non-finite gradients (skipped)
+    max_bad_steps: int = 5
     #: bf16 autocast (CUDA only)
     bf16: bool = False
     #: progress bar on rank 0
@@ -116,8 +127,12 @@ class Config:
     #: run directory shared by all ranks (default: runs/<task>/<compression>/<time>)
     run_dir: str | None = None
     seed: int = 0
-    #: continue the run in ``run_dir`` from its checkpoint
-    resume: bool = False
+    #: continue the run in ``run_dir`` from its checkpoint: true (must), false (must not), auto (when there is one)
+    resume: Any = False
+    #: settings that may differ from the checkpoint's when resuming (e.g. [train.epochs]); others are refused
+    resume_allow: list[str] = field(default_factory=list)
+    #: how long a collective may wait for the other ranks before the run ends (exit status 4)
+    timeout_s: float = 600.0
     #: auto | cpu | cuda
     device: str = "auto"
 

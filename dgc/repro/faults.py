@@ -6,7 +6,13 @@ after each backward pass and each step; the training loop itself knows no fault.
 
 ``DGC_FAULTS`` is a comma-separated list of ``KIND@STEP`` or ``KIND@STEP:RANK`` (default: every rank):
 
-* ``kill@5``: SIGKILL this process after step 5 (after its log line and periodic checkpoint).
+* ``kill@5``: SIGKILL this process after step 5 (after its log line and periodic checkpoint);
+* ``term@5``, ``usr1@5``: send this process SIGTERM / SIGUSR1 after step 5 (a preemption, Slurm's warning);
+* ``stall@5``: SIGSTOP this process after step 5 (a hung rank: the others time out);
+* ``nan@5``, ``inf@5``: put a NaN / an Inf into one gradient value of step 5, before the exchange.
+
+Steps count from 1: ``@5`` is the fifth optimizer step. Under torchrun, faults fire in the first attempt
+only (``TORCHELASTIC_RESTART_COUNT`` 0), so a restarted job runs clean.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 ENV = "DGC_FAULTS"
-KINDS = ("kill",)
+SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "usr1": signal.SIGUSR1, "stall": signal.SIGSTOP}
+VALUES = {"nan": float("nan"), "inf": float("inf")}
+KINDS = (*SIGNALS, *VALUES)
 
 
 @dataclass(frozen=True)
@@ -26,12 +34,18 @@ class Fault:
     step: int
     rank: int | None = None
 
-    def applies(self, trainer: Any) -> bool:
-        return trainer.step == self.step and self.rank in (None, trainer.info.rank)
+    def applies(self, trainer: Any, step: int) -> bool:
+        return step == self.step and self.rank in (None, trainer.info.rank)
+
+    def after_backward(self, trainer: Any) -> None:
+        # during step N the trainer's counter still says N - 1
+        if self.kind in VALUES and self.applies(trainer, trainer.step + 1):
+            grad = next(p.grad for p in trainer.model.parameters() if p.grad is not None)
+            grad.view(-1)[0] = VALUES[self.kind]
 
     def after_step(self, trainer: Any) -> None:
-        if self.applies(trainer) and self.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind in SIGNALS and self.applies(trainer, trainer.step):
+            os.kill(os.getpid(), SIGNALS[self.kind])
 
 
 def parse(text: str) -> list[Fault]:
@@ -47,4 +61,6 @@ def parse(text: str) -> list[Fault]:
 
 
 def from_env() -> list[Fault]:
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return []
     return parse(os.environ.get(ENV, ""))

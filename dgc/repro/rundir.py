@@ -16,6 +16,7 @@ fresh ``runs/<task>/<compression>/<time>-<pid>`` picked by rank 0) and broadcast
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -31,7 +32,9 @@ import yaml
 
 from dgc import atomic
 from dgc.distributed import DistInfo, broadcast_object
+from dgc.repro import checkpoint
 from dgc.repro.config import Config, ConfigError
+from dgc.repro.runlock import RunLock
 
 
 def default_run_dir(task: str, compression: str) -> str:
@@ -51,12 +54,27 @@ class MetricsLog:
         self.path = Path(path)
         self.enabled = enabled
 
-    def truncate_after(self, step: int) -> None:
-        """Drop records past ``step`` (written after the checkpoint a resumed run starts from)."""
+    def truncate_after(self, step: int) -> list[str]:
+        """Drop records past ``step`` (written after the checkpoint a resumed run starts from), and a torn last
+        line (a write cut short); returns the warnings."""
         if not self.enabled or not self.path.exists():
-            return
-        keep = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
+            return []
+        keep, warnings = [], []
+        lines = self.path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    warnings.append(f"dropped a torn last line of {self.path}: {line[:60]!r}")
+                    continue
+                raise ConfigError(f"{self.path} line {i + 1} is not JSON; repair or remove it, then resume") from None
+            if record.get("step", 0) <= step:
+                keep.append(line)
         atomic.write_text(self.path, "\n".join(keep) + "\n" if keep else "")
+        return warnings
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -84,57 +102,140 @@ def _human_bytes(n: float) -> str:
 
 
 class RunFiles:
+    """The run directory of one run. ``open()`` takes it (the lock), decides whether to start or resume and
+    checks a resumption before anything in the directory changes; every rank learns rank 0's decision."""
+
     def __init__(self, cfg: Config, info: DistInfo):
         self.cfg, self.info = cfg, info
         self.main = info.is_main
         run_dir = cfg.run_dir or default_run_dir(cfg.task.name, cfg.compression.name)
         self.run_dir = Path(str(broadcast_object(run_dir)))
-        self.checkpoint_path = self.run_dir / "checkpoint.pt"
-        if cfg.resume and not self.checkpoint_path.is_file():
-            raise ConfigError(f"resume=true but {self.checkpoint_path} does not exist")
-        if not cfg.resume and self.checkpoint_path.exists():
-            raise ConfigError(
-                f"{self.run_dir} already holds a run: pass resume=true to continue it, or another run_dir"
-            )
-        if not cfg.resume and (self.run_dir / "metrics.jsonl").exists():
-            # a run that stopped before its first checkpoint: starting over would append to its log
-            raise ConfigError(
-                f"{self.run_dir} holds the metrics.jsonl of a run that left no checkpoint to resume from: "
-                "remove it or pass another run_dir"
-            )
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.main)
+        self.lock = RunLock(self.run_dir)
         self.progress = None
         self.wandb = None
 
+    # -- opening -------------------------------------------------------------------------
     def open(self) -> dict[str, Any] | None:
-        """Create the directory (rank 0) and return the checkpoint to resume from, if any."""
-        state = None
+        """Take the directory and return the checkpoint to resume from (None: a fresh start).
+
+        Everything that can refuse the run (the lock, the resume mode, the checkpoint, the settings it was
+        written with) is decided on rank 0 and broadcast before anything is written; a refusal raises the
+        same :class:`ConfigError` on every rank and leaves the directory as it was.
+        """
+        decision: dict[str, Any] = {}
         if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            plain = asdict(self.cfg)
-            atomic.write_text(self.run_dir / "config.yaml", yaml.safe_dump(plain, sort_keys=False))
-            atomic.write_json(
-                self.run_dir / "env.json",
-                {
-                    "argv": sys.argv,
-                    "python": platform.python_version(),
-                    "torch": torch.__version__,
-                    "platform": platform.platform(),
-                    "git_revision": _git_revision(),
-                    "world_size": self.info.world_size,
-                    "backend": self.info.backend,
-                    "device": str(self.info.device),
-                },
-            )
-            if self.cfg.logger.wandb:
-                self._start_wandb(plain)
-        if self.cfg.resume:
-            state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
-            self.metrics.truncate_after(state["counters"]["step"])
-            self.console(f"resuming {self.run_dir} at step {state['counters']['step']}")
+            try:
+                decision = self._decide()
+            except ConfigError as exc:
+                decision = {"error": str(exc)}
+        decision = broadcast_object(decision)  # type: ignore[assignment]
+        if "error" in decision:
+            self.lock.release()
+            raise ConfigError(decision["error"])
+        for warning in decision.get("warnings", []):
+            self.console(f"warning: {warning}")
+        state = None
+        if decision.get("checkpoint"):
+            path = Path(decision["checkpoint"])
+            try:
+                state = checkpoint.load(path)
+            except ValueError as exc:  # it was readable on rank 0
+                raise ConfigError(f"{path} is {exc}") from None
+        if self.main:
+            self._write_header()
+            if state is not None or decision.get("restart"):
+                for warning in self.metrics.truncate_after(state["counters"]["step"] if state else 0):
+                    self.console(f"warning: {warning}")
+        if state is not None:
+            self.console(f"resuming {self.run_dir} at step {state['counters']['step']} (from {path.name})")
         else:
             self.console(f"run dir {self.run_dir}")
         return state
+
+    def _decide(self) -> dict[str, Any]:
+        """Rank 0: the lock, then start or resume (``{"checkpoint": path | None, "warnings": [...]}``)."""
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise ConfigError(f"run_dir {self.run_dir} exists and is not a directory; pass a directory")
+        created = [p for p in (self.run_dir, *self.run_dir.parents) if not p.exists()]
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create run_dir {self.run_dir}: {exc.strerror}") from None
+        try:
+            warnings = [w for w in [self.lock.acquire()] if w]
+            path, state, skipped = checkpoint.choose(self.run_dir)
+            files = checkpoint.paths(self.run_dir)
+            mode = self.cfg.resume
+            leftover = (self.run_dir / "metrics.jsonl").exists()
+            if mode is False and files:
+                raise ConfigError(
+                    f"{self.run_dir} already holds a run: pass resume=true (or resume=auto) to continue it, "
+                    "or another run_dir"
+                )
+            if state is None and files:  # there are checkpoints, none usable
+                raise ConfigError(f"cannot resume: {'; '.join(skipped)}")
+            if state is None and mode is True:
+                raise ConfigError(f"resume=true but {self.run_dir} holds no checkpoint (resume=auto starts then)")
+            if state is None:
+                if leftover and mode is False:
+                    raise ConfigError(
+                        f"{self.run_dir} holds the metrics.jsonl of a run that left no checkpoint to resume from: "
+                        "remove it, pass another run_dir, or resume=auto to start it over"
+                    )
+                if leftover:
+                    warnings.append(f"{self.run_dir} holds the log of a run that left no checkpoint: starting it over")
+                return {"checkpoint": None, "restart": leftover, "warnings": warnings}
+            self._check_resumable(state)
+            warnings += [f"{w}; resuming from {path.name}" for w in skipped]
+            return {"checkpoint": str(path), "warnings": warnings}
+        except BaseException:
+            self.lock.release()
+            for folder in created:  # a refused run leaves no directory it made
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            raise
+
+    def _check_resumable(self, state: dict[str, Any]) -> None:
+        if state["world_size"] != self.info.world_size:
+            raise ConfigError(
+                f"cannot resume {self.run_dir}: it was written by {state['world_size']} workers and this run has "
+                f"{self.info.world_size} (compression state is per worker); resume with the same number of workers"
+            )
+        changed = checkpoint.changed_settings(state["config"], asdict(self.cfg), list(self.cfg.resume_allow))
+        if changed:
+            keys = ",".join(c.split(":")[0] for c in changed)
+            raise ConfigError(
+                f"cannot resume {self.run_dir} with other settings: {'; '.join(changed)}; run with the "
+                f"checkpoint's settings, or accept the change with resume_allow=[{keys}]"
+            )
+
+    def _write_header(self) -> None:
+        """config.yaml and env.json (rank 0), after the run is known to go ahead."""
+        plain = asdict(self.cfg)
+        atomic.write_text(self.run_dir / "config.yaml", yaml.safe_dump(plain, sort_keys=False))
+        atomic.write_json(
+            self.run_dir / "env.json",
+            {
+                "argv": sys.argv,
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "platform": platform.platform(),
+                "git_revision": _git_revision(),
+                "world_size": self.info.world_size,
+                "backend": self.info.backend,
+                "device": str(self.info.device),
+            },
+        )
+        if self.cfg.logger.wandb:
+            self._start_wandb(plain)
+
+    def close(self) -> None:
+        """Give the directory up (the lock); the run's files stay."""
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+        self.lock.release()
 
     def _start_wandb(self, plain: dict[str, Any]) -> None:
         try:
@@ -190,8 +291,8 @@ class RunFiles:
             self.wandb.log({f"eval/{k}": v for k, v in record.items() if k != "kind"}, step=record["step"])
 
     # -- checkpoints and the summary -----------------------------------------------------
-    def save_checkpoint(self, state: dict[str, Any], step: int) -> None:
-        atomic.write_with(self.checkpoint_path, lambda tmp: torch.save(state, tmp))
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        checkpoint.save(self.run_dir, state)
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self.progress is not None:

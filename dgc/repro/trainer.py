@@ -10,12 +10,20 @@ evaluation after every epoch, ``metrics.jsonl``, checkpoints and ``summary.json`
 
 ``callbacks`` (objects with ``after_backward(trainer)`` and/or ``after_step(trainer)``) see every
 step from outside the loop: the test-only fault injection of :mod:`dgc.repro.faults` is one.
+
+Unattended runs: SIGTERM or SIGUSR1 on any rank makes every rank stop at the same step boundary
+after a checkpoint (:class:`Interrupted`); checkpoints are also written every
+``train.checkpoint_every`` steps and every ``train.checkpoint_minutes``; a step with a non-finite
+gradient on any rank is skipped on all of them, and ``train.max_bad_steps`` in a row end the run
+(:class:`Diverged`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import signal
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
@@ -33,6 +41,16 @@ from dgc.repro.config import Config, ConfigError
 from dgc.repro.rundir import RunFiles
 
 SCHEDULES = ("cosine", "multistep", "constant")
+#: the signals that stop a run at the next step boundary (Slurm: --signal=USR1@<seconds>; preemption: TERM)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Interrupted(Exception):
+    """The run stopped at a step boundary after a checkpoint, on a signal: run the same command to continue."""
+
+
+class Diverged(Exception):
+    """Too many steps in a row had non-finite gradients."""
 
 
 def learning_rate(cfg: Config, base: float, epoch: float) -> float:
@@ -60,7 +78,12 @@ def validate(cfg: Config) -> None:
         (o.schedule in SCHEDULES, f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {o.schedule!r}"),
         (o.lr > 0, f"optim.lr must be > 0, got {o.lr}"),
         (cfg.logger.mode in ("offline", "online", "disabled"), "logger.mode must be offline, online or disabled"),
-        (not cfg.resume or cfg.run_dir, "resume=true needs run_dir=PATH of the run to continue"),
+        (cfg.resume in (True, False, "auto"), f"resume must be true, false or auto, got {cfg.resume!r}"),
+        (cfg.resume is not True or cfg.run_dir, "resume=true needs run_dir=PATH of the run to continue"),
+        (t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}"),
+        (t.checkpoint_minutes >= 0, f"train.checkpoint_minutes must be >= 0, got {t.checkpoint_minutes}"),
+        (t.max_bad_steps >= 1, f"train.max_bad_steps must be >= 1, got {t.max_bad_steps}"),
+        (cfg.timeout_s > 0, f"timeout_s must be > 0, got {cfg.timeout_s}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -126,28 +149,51 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.batch = 0  # micro-batches done in the current epoch
-        self.totals = {"dense": 0, "sent": 0, "steps": 0, "dense_all": 0, "sent_all": 0, "wall": 0.0}
+        self.totals = {"dense": 0, "sent": 0, "steps": 0, "dense_all": 0, "sent_all": 0, "wall": 0.0,
+                       "skipped": 0, "bad_streak": 0}  # fmt: skip
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1
         self.files = RunFiles(cfg, info)
         self.callbacks = list(callbacks)
+        self.stop_signal: str | None = None  # the signal that asked this worker to stop
+        self._stopping = False  # every worker agreed to stop after this step
+        self._checkpoint_requested = False  # rank 0 asked for a checkpoint by time
+        self._last_checkpoint = time.monotonic()
 
     # -- the loop ------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        state = self.files.open()
-        if state is not None:
-            self._restore(state)
+        """Train to the end (the summary), or raise :class:`Interrupted` / :class:`Diverged` / ConfigError."""
+        handlers = self._catch_stop_signals()
+        try:
+            state = self.files.open()
+            if state is not None:
+                self._restore(state)
+            return self._loop()
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            self.files.close()
+
+    def _catch_stop_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def stop(signum: int, frame: Any) -> None:
+            self.stop_signal = signal.Signals(signum).name
+            self.sync.request("stop")
+
+        return {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+
+    def _loop(self) -> dict[str, Any]:
         self.files.start_progress(self.total_steps, self.step)
         window: list[dict[str, float]] = []
         started = time.perf_counter() - self.totals["wall"]
+        per_epoch = self.steps_per_epoch * self.cfg.train.accumulate
         while self.step < self.total_steps:
             if self.batch == 0:
                 self.task.start_epoch(self.model, self.epoch)
             batches = self.task.train_batches(self.epoch, start=self.batch)
-            while (
-                self.step < self.total_steps
-                and self.batch + self.cfg.train.accumulate <= self.steps_per_epoch * self.cfg.train.accumulate
-            ):
+            while self.step < self.total_steps and self.batch + self.cfg.train.accumulate <= per_epoch:
                 window.append(self.train_step(batches))
                 self.totals["wall"] = time.perf_counter() - started
                 if self.step % self.cfg.train.log_every == 0 or self.step == self.total_steps:
@@ -155,15 +201,20 @@ class Trainer:
                     window = []
                 # at the end of an epoch or of the run, the checkpoint comes after the evaluation (below):
                 # one taken before it would, on resume, evaluate and log that step a second time
-                ends = self.step == self.total_steps or self.batch >= self.steps_per_epoch * self.cfg.train.accumulate
-                if self.cfg.train.checkpoint_every and self.step % self.cfg.train.checkpoint_every == 0 and not ends:
+                ends = self.step == self.total_steps or self.batch >= per_epoch
+                every = self.cfg.train.checkpoint_every
+                if not ends and (self._stopping or self._checkpoint_requested or (every and self.step % every == 0)):
                     self._checkpoint()
                 self._notify("after_step")
-            if self.batch >= self.steps_per_epoch * self.cfg.train.accumulate:
+                if self._stopping and not ends:
+                    raise Interrupted(self._stopped())
+            if self.batch >= per_epoch:
                 self._evaluate(end_of_epoch=True)
                 self.epoch += 1
                 self.batch = 0
                 self._checkpoint()
+                if self._stopping and self.step < self.total_steps:
+                    raise Interrupted(self._stopped())
         if self.last_eval_step != self.step:
             self._evaluate(end_of_epoch=False)
             self._checkpoint()
@@ -171,6 +222,10 @@ class Trainer:
         summary = self._summary()
         self.files.finish(summary)
         return summary
+
+    def _stopped(self) -> str:
+        why = f"on {self.stop_signal}" if self.stop_signal else "on another rank's signal"
+        return f"stopped at step {self.step} {why}; checkpoint saved in {self.files.run_dir}: run again to continue"
 
     def _notify(self, event: str) -> None:
         for callback in self.callbacks:
@@ -187,6 +242,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.sync.set_epoch(epoch_f)
+        minutes = self.cfg.train.checkpoint_minutes
+        if self.info.is_main and minutes and time.monotonic() - self._last_checkpoint >= 60 * minutes:
+            self.sync.request("checkpoint")  # agreed by every rank in this step's exchange
         t0 = time.perf_counter()
         loss_sum = 0.0
         for i in range(acc):
@@ -206,20 +264,34 @@ class Trainer:
         # clipping after aggregation is the dense baseline's; with local clipping on (DGC), each worker
         # already clipped its own gradient before accumulating it, and the aggregated sparse update
         # (many steps' accumulated gradient) must not be clipped again (paper, section 3.2)
-        if cfg.optim.grad_clip and cfg.sync.clip_norm is None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
-        self.optimizer.step()
+        if not stats.skipped:  # a skipped step (non-finite gradient on some rank) updates nothing
+            if cfg.optim.grad_clip and cfg.sync.clip_norm is None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
         self.step += 1
         self.batch += acc
-        after_warmup = epoch_f >= self.compression_warmup
-        self.totals["dense_all"] += stats.dense_bytes
-        self.totals["sent_all"] += stats.sent_bytes
-        if after_warmup:
-            self.totals["dense"] += stats.dense_bytes
-            self.totals["sent"] += stats.sent_bytes
-            self.totals["steps"] += 1
+        self._stopping |= "stop" in stats.requests
+        self._checkpoint_requested |= "checkpoint" in stats.requests
+        if stats.skipped:
+            self.totals["skipped"] += 1
+            self.totals["bad_streak"] += 1
+            if self.totals["bad_streak"] >= cfg.train.max_bad_steps:
+                raise Diverged(
+                    f"{self.totals['bad_streak']} steps in a row (to step {self.step}) had non-finite gradients on "
+                    f"some rank and were skipped (train.max_bad_steps={cfg.train.max_bad_steps}): the run diverged; "
+                    "lower optim.lr, or check the data; the last checkpoint holds the last good state"
+                )
+        else:
+            self.totals["bad_streak"] = 0
+            # the wire ratio counts steps that sent gradients: not the skipped ones
+            self.totals["dense_all"] += stats.dense_bytes
+            self.totals["sent_all"] += stats.sent_bytes
+            if epoch_f >= self.compression_warmup:
+                self.totals["dense"] += stats.dense_bytes
+                self.totals["sent"] += stats.sent_bytes
+                self.totals["steps"] += 1
         return {
             "loss": loss_sum,
             "lr": lr,
@@ -231,6 +303,7 @@ class Trainer:
             "compress_s": stats.compress_s + stats.decompress_s,
             "communicate_s": stats.communicate_s,
             "step_s": t2 - t0,
+            "skipped": float(stats.skipped),
         }
 
     def _autocast(self):
@@ -283,6 +356,7 @@ class Trainer:
             "wire_ratio_steps": steps_counted,
             "wire_ratio_all_steps": self.totals["dense_all"] / max(self.totals["sent_all"], 1),
             "compression_warmup_epochs": self.compression_warmup,
+            "skipped_steps": self.totals["skipped"],
             "wall_s": self.totals["wall"],
             "run_dir": str(self.files.run_dir),
         }
@@ -305,16 +379,24 @@ class Trainer:
                 "ranks": per_rank,
                 "config": asdict(self.cfg),
             }
-            self.files.save_checkpoint(state, self.step)
+            error = None
+            try:
+                self.files.save_checkpoint(state)
+            except ConfigError as exc:  # e.g. the disk is full: every rank stops with the same message
+                error = str(exc)
+        else:
+            error = None
         if self.info.world_size > 1:
-            dist.barrier()
+            box = [error]
+            dist.broadcast_object_list(box, src=0)
+            error = box[0]
+        if error:
+            raise ConfigError(error)
+        self._checkpoint_requested = False
+        self._last_checkpoint = time.monotonic()
 
     def _restore(self, state: dict[str, Any]) -> None:
-        if state["world_size"] != self.info.world_size:
-            raise ConfigError(
-                f"checkpoint was written by {state['world_size']} workers but this run has {self.info.world_size}: "
-                "compression state (residuals, momenta) is per worker; resume with the same number of workers"
-            )
+        """Continue from a checkpoint (its world size and settings were checked by :meth:`RunFiles.open`)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         mine = state["ranks"][self.info.rank]

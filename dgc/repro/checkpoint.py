@@ -1,0 +1,103 @@
+"""Checkpoint files: the last two kept, written atomically, read safely, checked before use.
+
+``checkpoint.pt`` is the latest, ``checkpoint.prev.pt`` the one before: a save renames the latest to
+``.prev`` and then writes the new one atomically, so a crash at any moment leaves at least one
+complete checkpoint. Reading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain
+containers only, and one that needs anything else (a pickled callable, say) is refused without running
+it. :func:`choose` returns the newest readable checkpoint and says why it skipped the latest.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dgc import atomic
+from dgc.repro.config import ConfigError
+
+LATEST, PREVIOUS = "checkpoint.pt", "checkpoint.prev.pt"
+#: what every checkpoint holds (see :meth:`dgc.repro.trainer.Trainer.checkpoint`)
+KEYS = ("model", "optimizer", "counters", "last_eval", "world_size", "ranks", "config")
+
+
+def paths(run_dir: Path) -> list[Path]:
+    """The checkpoint files, newest first (those that exist)."""
+    return [p for p in (run_dir / LATEST, run_dir / PREVIOUS) if p.exists()]
+
+
+def save(run_dir: Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` as the latest checkpoint, keeping the previous one."""
+    latest = run_dir / LATEST
+    try:
+        if latest.exists():
+            os.replace(latest, run_dir / PREVIOUS)
+        return atomic.write_with(latest, lambda tmp: torch.save(state, tmp))
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            kept = ", ".join(p.name for p in paths(run_dir)) or "none"
+            raise ConfigError(
+                f"no space left on the device of {run_dir} while writing {LATEST} (checkpoints kept: {kept}); "
+                "free space there, then run the same command with resume=auto"
+            ) from None
+        raise
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A checkpoint's contents; a ValueError (one line) when it cannot be used."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        what = str(exc).split("\n")[0] if "weights_only" not in str(exc).split("\n")[0] else "unsupported objects"
+        detail = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), what)
+        raise ValueError(f"holds objects other than tensors and plain containers ({detail}); refused") from None
+    except (RuntimeError, EOFError, OSError, ValueError, AttributeError, IndexError) as exc:
+        raise ValueError(f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    missing = [k for k in KEYS if not isinstance(state, Mapping) or k not in state]
+    if missing:
+        raise ValueError(f"not a dgc checkpoint (no {', '.join(missing)})")
+    return dict(state)
+
+
+def choose(run_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    """The newest usable checkpoint, its contents, and one warning per newer file that was not usable."""
+    warnings = []
+    for path in paths(run_dir):
+        try:
+            return path, load(path), warnings
+        except ValueError as exc:
+            warnings.append(f"{path} is {exc}")
+    return None, None, warnings
+
+
+#: settings that may change between a run and its resumption without changing the trajectory
+FREE_TO_CHANGE = ("resume", "resume_allow", "run_dir", "timeout_s", "train.progress", "train.log_every",
+                  "train.checkpoint_every", "train.checkpoint_minutes", "train.max_steps", "logger.")  # fmt: skip
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any], allow: list[str]) -> list[str]:
+    """``key: old -> new`` for every setting that differs and is neither free to change nor in ``allow``."""
+    old, new = flatten(saved), flatten(now)
+    free = (*FREE_TO_CHANGE, *allow)
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key) and not any(key == f or (f.endswith(".") and key.startswith(f)) or
+                                                    key.startswith(f + ".") for f in free):  # fmt: skip
+            out.append(f"{key}: {old.get(key, '(absent)')!r} -> {new.get(key, '(absent)')!r}")
+    return out
