@@ -23,8 +23,11 @@ def _umask() -> int:
     return mask
 
 
-def write_with(path: str | os.PathLike[str], write: Callable[[str], None]) -> Path:
-    """Call ``write(tmp)`` on a temporary file next to ``path``, then rename it over ``path``."""
+def write_with(
+    path: str | os.PathLike[str], write: Callable[[str], None], before_replace: Callable[[], None] | None = None
+) -> Path:
+    """Call ``write(tmp)`` on a temporary file next to ``path``, then rename it over ``path``
+    (``before_replace()`` runs between the two, once the new content is complete)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -32,6 +35,8 @@ def write_with(path: str | os.PathLike[str], write: Callable[[str], None]) -> Pa
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; results are not
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -70,7 +70,20 @@ def _fail(message: str, status: int = EXIT_USER, prefix: str = "error") -> NoRet
         print(f"{prefix}: {message}", file=sys.stderr, flush=True)
     if os.environ.get("DGC_DEBUG") and sys.exc_info()[0] is not None:
         traceback.print_exc()
+    if _world_size() > 1:
+        # a worker of a job: leave without C++ static destructors, where gloo's threads can abort the
+        # process ("terminate called without an active exception") after the error was reported
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     sys.exit(status)
+
+
+def _world_size() -> int:
+    for name in ("WORLD_SIZE", "SLURM_NTASKS"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
 
 
 def _valid_keys(path: str, owner: object = None) -> str:
@@ -190,6 +203,7 @@ def _main(cfg: DictConfig) -> dict | None:
 def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
     """Run ``nproc`` workers on this machine with PyTorch's elastic agent (torchrun's, standalone
     rendezvous on a free port) and exit with their status: one line on errors, no launcher trace."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -198,6 +212,10 @@ def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
     args = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--standalone", "--monitor-interval=1"]
     try:
         run(parse_args([*args, "-m", "dgc.train", *overrides]))
+    except SignalException:
+        # the job was told to stop (SIGTERM, SIGINT...): the agent passed it to the workers, which stopped at
+        # a step boundary after a checkpoint and said so
+        sys.exit(EXIT_INTERRUPTED)
     except ChildFailedError as exc:
         codes = [f.exitcode for f in exc.failures.values()]
         # the workers printed their line; a worker killed by a signal has a negative code

@@ -9,8 +9,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,78 +22,12 @@ from dgc.distributed import init_distributed
 from dgc.repro.config import Config, config_from_dict
 from dgc.repro.trainer import ConfigError, Trainer, learning_rate
 from tests.datafiles import write_fmnist
-
-TINY = [
-    "task=fmnist_resnet20",
-    "device=cpu",
-    "train.batch_size=4",
-    "train.eval_batch_size=16",
-    "train.progress=false",
-]
+from tests.runs import TINY, assert_same_training, cli, load, records
 
 
 @pytest.fixture(scope="module")
 def fmnist(tmp_path_factory) -> Path:
     return write_fmnist(tmp_path_factory.mktemp("data") / "fmnist", n_train=64, n_test=16)
-
-
-def cli(args: list[str], cwd: Path, torchrun: bool = False, env: dict | None = None, timeout: float = 300):
-    """Run ``python -m dgc.train`` (under ``torchrun --nproc_per_node=2`` when asked) in ``cwd``."""
-    if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dgc.train"]
-    else:
-        cmd = [sys.executable, "-m", "dgc.train"]
-    # no crash hook and no launcher variables (RANK, WORLD_SIZE, SLURM_*) from whatever runs the tests
-    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DGC_FAULTS")
-    full_env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
-    full_env.update({"OMP_NUM_THREADS": "1", **(env or {})})
-    cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([*cmd, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
-
-
-def records(run_dir: Path, kind: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
-
-
-def load(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
-
-
-def assert_same_tree(a, b, path="") -> None:
-    """Equal nested dicts/lists of tensors and plain values (tensors bit for bit)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            assert_same_tree(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_tree(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
-
-
-def assert_same_training(a: Path, b: Path) -> None:
-    """Two runs that trained identically: model, optimizer, every rank's compression state, and the log."""
-    sa, sb = load(a), load(b)
-    assert sa["counters"]["step"] == sb["counters"]["step"]
-    for k in sa["model"]:
-        assert torch.equal(sa["model"][k], sb["model"][k]), k
-    assert_same_tree(sa["optimizer"], sb["optimizer"])
-    assert len(sa["ranks"]) == len(sb["ranks"])
-    for ra, rb in zip(sa["ranks"], sb["ranks"]):
-        assert ra["compression"]["compressor"]["tensors"]  # DGC keeps residuals and momenta
-        # compression state, RNG and (with several workers) each worker's BatchNorm statistics
-        assert_same_tree(ra, rb)
-    keys = ("step", "epoch", "loss", "lr", "density", "sent_bytes")
-    assert [[r[k] for k in keys] for r in records(a, "train")] == [[r[k] for k in keys] for r in records(b, "train")]
-    keys = ("step", "epoch", "loss", "top1", "top5")
-    assert [[r[k] for k in keys] for r in records(a, "eval")] == [[r[k] for k in keys] for r in records(b, "eval")]
-    steps = [r["step"] for r in records(b, "train")]
-    assert len(steps) == len(set(steps)) and steps == sorted(steps)
 
 
 # -- torchrun, two ranks -------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """Checkpoint files: the last two kept, written atomically, read safely, checked before use.
 
-``checkpoint.pt`` is the latest, ``checkpoint.prev.pt`` the one before: a save renames the latest to
-``.prev`` and then writes the new one atomically, so a crash at any moment leaves at least one
-complete checkpoint. Reading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain
-containers only, and one that needs anything else (a pickled callable, say) is refused without running
-it. :func:`choose` returns the newest readable checkpoint and says why it skipped the latest.
+``checkpoint.pt`` is the latest, ``checkpoint.prev.pt`` the one before: a save writes the new one to a
+temporary file, renames the latest to ``.prev`` and the new one to the latest, so a crash or a full disk
+at any moment leaves the complete checkpoints there were. Reading uses ``torch.load(weights_only=True)``:
+a checkpoint holds tensors and plain containers only, and one that needs anything else (a pickled
+callable, say) is refused without running it. :func:`choose` returns the newest readable checkpoint and
+says why it skipped the latest.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ def paths(run_dir: Path) -> list[Path]:
 def save(run_dir: Path, state: dict[str, Any]) -> Path:
     """Write ``state`` as the latest checkpoint, keeping the previous one."""
     latest = run_dir / LATEST
-    try:
+
+    def keep_previous() -> None:  # once the new checkpoint is complete, the latest becomes the previous
         if latest.exists():
             os.replace(latest, run_dir / PREVIOUS)
-        return atomic.write_with(latest, lambda tmp: torch.save(state, tmp))
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
+
+    try:
+        return atomic.write_with(latest, lambda tmp: torch.save(state, tmp), before_replace=keep_previous)
+    except (OSError, RuntimeError) as exc:  # torch.save's zip writer reports a full disk as a RuntimeError
+        if getattr(exc, "errno", None) == errno.ENOSPC or _full(run_dir):
             kept = ", ".join(p.name for p in paths(run_dir)) or "none"
             raise ConfigError(
                 f"no space left on the device of {run_dir} while writing {LATEST} (checkpoints kept: {kept}); "
@@ -48,19 +52,33 @@ def save(run_dir: Path, state: dict[str, Any]) -> Path:
         raise
 
 
+def _full(folder: Path, margin: int = 1 << 20) -> bool:
+    """Less than ``margin`` bytes free where ``folder`` lives."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < margin
+
+
 def load(path: Path) -> dict[str, Any]:
     """A checkpoint's contents; a ValueError (one line) when it cannot be used."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        what = str(exc).split("\n")[0] if "weights_only" not in str(exc).split("\n")[0] else "unsupported objects"
-        detail = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), what)
-        raise ValueError(f"holds objects other than tensors and plain containers ({detail}); refused") from None
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        refused = next((line for line in lines if "GLOBAL" in line), None)
+        if refused:
+            raise ValueError(f"holds objects other than tensors and plain containers ({refused}); refused") from None
+        boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
+        detail = next((line for line in lines if not line.startswith(boilerplate)), "not a checkpoint file")
+        raise ValueError(f"is unreadable ({detail})") from None
     except (RuntimeError, EOFError, OSError, ValueError, AttributeError, IndexError) as exc:
-        raise ValueError(f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "the file ends early"
+        raise ValueError(f"is unreadable ({type(exc).__name__}: {detail})") from None
     missing = [k for k in KEYS if not isinstance(state, Mapping) or k not in state]
     if missing:
-        raise ValueError(f"not a dgc checkpoint (no {', '.join(missing)})")
+        raise ValueError(f"is not a dgc checkpoint (no {', '.join(missing)})")
     return dict(state)
 
 
@@ -71,7 +89,7 @@ def choose(run_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]
         try:
             return path, load(path), warnings
         except ValueError as exc:
-            warnings.append(f"{path} is {exc}")
+            warnings.append(f"{path} {exc}")
     return None, None, warnings
 
 

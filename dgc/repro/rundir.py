@@ -93,6 +93,10 @@ def _git_revision() -> str | None:
         return None
 
 
+def _num(value: float | None, fmt: str) -> str:
+    return "nan" if value is None else format(value, fmt)
+
+
 def _human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1024 or unit == "GB":
@@ -141,7 +145,7 @@ class RunFiles:
             try:
                 state = checkpoint.load(path)
             except ValueError as exc:  # it was readable on rank 0
-                raise ConfigError(f"{path} is {exc}") from None
+                raise ConfigError(f"{path} {exc}") from None
         if self.main:
             self._write_header()
             if state is not None or decision.get("restart"):
@@ -273,12 +277,15 @@ class RunFiles:
         self.metrics.write(record)
         if self.progress is not None:
             self.progress.n = record["step"]
-            self.progress.set_postfix(loss=f"{record['loss']:.3f}", ratio=f"{record['wire_ratio']:.0f}x", refresh=True)
+            ratio = f"{record['wire_ratio']:.0f}x"
+            self.progress.set_postfix(loss=_num(record["loss"], ".3f"), ratio=ratio, refresh=True)
+        skipped = f" skipped {record['skipped']} (non-finite)" if record.get("skipped") else ""
         self.console(
-            f"step {record['step']} epoch {record['epoch']:.2f} loss {record['loss']:.4f} lr {record['lr']:.4g} "
+            f"step {record['step']} epoch {record['epoch']:.2f} loss {_num(record['loss'], '.4f')} "
+            f"lr {record['lr']:.4g} "
             f"density {record['density']:.4g} sent {_human_bytes(record['sent_bytes'])}/step "
             f"({record['wire_ratio']:.0f}x) compute {record['compute_s'] * 1e3:.0f}ms "
-            f"compress {record['compress_s'] * 1e3:.1f}ms comm {record['communicate_s'] * 1e3:.1f}ms"
+            f"compress {record['compress_s'] * 1e3:.1f}ms comm {record['communicate_s'] * 1e3:.1f}ms{skipped}"
         )
         if self.wandb is not None:
             self.wandb.log({f"train/{k}": v for k, v in record.items() if k != "kind"}, step=record["step"])

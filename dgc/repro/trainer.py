@@ -318,7 +318,7 @@ class Trainer:
             "kind": "train",
             "step": self.step,
             "epoch": round(last["epoch"], 4),
-            "loss": mean["loss"],
+            "loss": mean["loss"] if math.isfinite(mean["loss"]) else None,
             "lr": last["lr"],
             "density": last["density"],
             "sent_bytes": last["sent_bytes"],
@@ -327,6 +327,7 @@ class Trainer:
             "compress_s": mean["compress_s"],
             "communicate_s": mean["communicate_s"],
             "step_s": mean["step_s"],
+            "skipped": int(sum(w["skipped"] for w in window)),
         }
 
     def _evaluate(self, end_of_epoch: bool) -> None:

@@ -1,0 +1,302 @@
+"""Unattended runs survive what clusters do to them: each fault injected into real gloo processes.
+
+Two ranks run ``python -m dgc.train --nproc 2`` (the elastic launcher) on a tiny Fashion-MNIST; faults
+come from ``DGC_FAULTS`` (:mod:`dgc.repro.faults`). A run that is stopped, killed or fed a corrupt or torn
+file and then started again with the same command finishes exactly like the uninterrupted reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dgc.repro.config import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_STALLED, EXIT_USER
+from tests.datafiles import write_fmnist
+from tests.runs import TINY, assert_same_training, cli, load, records
+
+#: 96 images / (2 ranks x 4) = 12 steps per epoch; 16 steps cross an epoch end; a checkpoint every 3 steps
+RUN = [*TINY, "compression=dgc", "compression.density=0.05", "task.compression_warmup_epochs=0.25"]
+RUN += ["data.limit=96", "data.eval_limit=16", "train.max_steps=16", "train.checkpoint_every=3"]
+RUN += ["train.log_every=1", "resume=auto"]
+
+
+@pytest.fixture(scope="module")
+def fmnist(tmp_path_factory) -> Path:
+    return write_fmnist(tmp_path_factory.mktemp("data") / "fmnist", n_train=96, n_test=16)
+
+
+def args(fmnist: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [*RUN, f"data.root={fmnist}", f"run_dir={run_dir}", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(fmnist, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ref") / "run"
+    out = cli(args(fmnist, run_dir), run_dir.parent, nproc=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run_dir
+
+
+def one_line(out: subprocess.CompletedProcess[str]) -> str:
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    return lines[0]
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir())}
+
+
+def leftover_processes(run_dir: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"run_dir={run_dir}"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+# -- stop on a signal, at the same step on every rank --------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["usr1@5:1", "term@7"], ids=["sigusr1-one-rank", "sigterm-every-rank"])
+def test_signal_stops_every_rank_at_one_step_then_resumes_exactly(fault, fmnist, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2, env={"DGC_FAULTS": fault})
+    assert out.returncode == EXIT_INTERRUPTED, out.stderr[-3000:]
+    # the signal arrives after step K; every rank sees it in step K+1's exchange, and stops there
+    stopped = int(fault.split("@")[1].split(":")[0]) + 1
+    assert one_line(out).startswith(f"interrupted: stopped at step {stopped} ")
+    assert load(run_dir)["counters"]["step"] == stopped
+    assert [r["step"] for r in records(run_dir, "train")] == list(range(1, stopped + 1))
+    assert not leftover_processes(run_dir)
+
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2)  # the same command
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resuming {run_dir} at step {stopped}" in out.stdout
+    assert_same_training(reference, run_dir)
+
+
+# -- a rank dies; the latest checkpoint is corrupt; the log ends in a torn line ----------------------
+
+
+def test_killed_rank_corrupt_checkpoint_and_torn_log_resume_exactly(fmnist, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2, env={"DGC_FAULTS": "kill@10:1"})
+    assert out.returncode != 0
+    assert "another rank stopped" in out.stderr and "resume=auto" in out.stderr
+    assert not leftover_processes(run_dir)
+    assert load(run_dir)["counters"]["step"] == 9 and load(run_dir, "checkpoint.prev.pt")["counters"]["step"] == 6
+    # the disk then loses the end of the latest checkpoint, and the log's last line is cut short
+    latest = run_dir / "checkpoint.pt"
+    latest.write_bytes(latest.read_bytes()[:1000])
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "step": 11, "lo')
+
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "checkpoint.pt is unreadable" in out.stdout and "resuming from checkpoint.prev.pt" in out.stdout
+    assert "dropped a torn last line" in out.stdout
+    assert f"resuming {run_dir} at step 6" in out.stdout
+    assert_same_training(reference, run_dir)
+
+
+def test_unreadable_checkpoints_refuse_with_one_line_and_change_nothing(fmnist, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    (run_dir / "checkpoint.pt").write_bytes(b"garbage")
+    (run_dir / "checkpoint.prev.pt").write_bytes(b"")
+    before = snapshot(run_dir)
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2)
+    assert out.returncode == EXIT_USER
+    line = one_line(out)
+    assert line.startswith("error: cannot resume: ") and "checkpoint.pt is unreadable" in line
+    assert snapshot(run_dir) == before
+
+
+class _Payload:
+    """Unpickling this runs ``touch <marker>``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_carrying_a_callable_is_refused_without_running_it(fmnist, reference, tmp_path):
+    run_dir, marker = tmp_path / "run", tmp_path / "pwned"
+    shutil.copytree(reference, run_dir)
+    for name in ("checkpoint.pt", "checkpoint.prev.pt"):
+        state = load(run_dir, name)
+        state["counters"] = {"step": _Payload(marker)}
+        torch.save(state, run_dir / name)
+    before = snapshot(run_dir)
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2)
+    assert out.returncode == EXIT_USER
+    line = one_line(out)
+    assert "holds objects other than tensors and plain containers" in line and "refused" in line
+    assert not marker.exists()
+    assert snapshot(run_dir) == before
+
+
+# -- non-finite gradients ----------------------------------------------------------------------------
+
+
+def test_nan_and_inf_on_one_rank_skip_the_step_everywhere(fmnist, tmp_path):
+    run_dir = tmp_path / "run"
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2, env={"DGC_FAULTS": "nan@4:1,inf@9:0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["skipped_steps"] == 2 and summary["steps"] == 16
+    assert [r["step"] for r in records(run_dir, "train") if r["skipped"]] == [4, 9]
+    state = load(run_dir)
+    for rank in state["ranks"]:  # nothing non-finite entered the momenta or residuals
+        for tensors in rank["compression"]["compressor"]["tensors"].values():
+            assert all(bool(t.isfinite().all()) for t in tensors.values())
+    assert all(bool(t.isfinite().all()) for t in state["model"].values() if t.is_floating_point())
+    assert summary["wire_ratio"] is not None and 0 < summary["wire_ratio"] < float("inf")
+
+
+def test_too_many_bad_steps_in_a_row_end_the_run(fmnist, tmp_path):
+    run_dir = tmp_path / "run"
+    faults = "nan@4:0,nan@5:1,nan@6:0"
+    out = cli(args(fmnist, run_dir, "train.max_bad_steps=3"), tmp_path, nproc=2, env={"DGC_FAULTS": faults})
+    assert out.returncode == EXIT_DIVERGED
+    line = one_line(out)
+    assert line.startswith("error: 3 steps in a row (to step 6) had non-finite gradients") and "optim.lr" in line
+    assert not (run_dir / "summary.json").exists()
+
+
+# -- one run per directory; refused resumes; stalls ------------------------------------------------
+
+
+def test_a_second_start_on_the_same_run_dir_is_refused(fmnist, tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dgc.train", *args(fmnist, run_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DGC_FAULTS": "stall@4"}  # it stops itself, holding the run dir
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while Path(f"/proc/{first.pid}/stat").read_text().split(")")[1].split()[0] != "T":
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.2)
+        second = cli(args(fmnist, run_dir), tmp_path)
+        assert second.returncode == EXIT_USER
+        line = one_line(second)
+        assert line.startswith(f"error: {run_dir} is in use by pid {first.pid}") and "another run_dir" in line
+    finally:
+        first.kill()
+        first.communicate()
+    # the first run died holding the lock: the next start takes the stale lock over and resumes
+    third = cli(args(fmnist, run_dir), tmp_path)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"took over the stale lock of pid {first.pid}" in third.stdout
+    assert f"resuming {run_dir} at step 3" in third.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 16
+    assert not (run_dir / ".lock").exists()
+
+
+def test_resume_with_other_settings_is_refused_before_anything_changes(fmnist, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    before = snapshot(run_dir)
+    out = cli(args(fmnist, run_dir, "optim.lr=0.5", "compression=topk"), tmp_path, nproc=2)
+    assert out.returncode == EXIT_USER
+    line = one_line(out)
+    assert line.startswith(f"error: cannot resume {run_dir} with other settings: ")
+    assert "optim.lr: 0.025 -> 0.5" in line and "compression.name: 'dgc' -> 'topk'" in line
+    assert "resume_allow=[" in line
+    out = cli(args(fmnist, run_dir), tmp_path)  # one worker instead of two
+    assert out.returncode == EXIT_USER and "written by 2 workers" in one_line(out)
+    assert snapshot(run_dir) == before
+    # a setting named in resume_allow is accepted (the run is finished: nothing more to train)
+    out = cli(args(fmnist, run_dir, "optim.lr=0.5", "resume_allow=[optim.lr]"), tmp_path, nproc=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_a_stalled_rank_ends_the_job_after_the_timeout(fmnist, tmp_path):
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    out = cli(args(fmnist, run_dir, "timeout_s=10"), tmp_path, nproc=2, env={"DGC_FAULTS": "stall@5:1"}, timeout=240)
+    assert out.returncode == EXIT_STALLED, out.stderr[-3000:]
+    assert "timeout_s=10" in one_line(out) and "a rank stalled or died" in out.stderr
+    assert time.monotonic() - started < 180
+    assert not leftover_processes(run_dir)
+
+
+# -- mistakes: one line, once, the same status with and without the launcher -------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+foo=1", "the configuration has no key 'foo' to add"),
+        ("+train.max_stpes=10", "no key 'train.max_stpes' to add (valid keys: epochs, batch_size"),
+        ("run_dir=/etc/passwd", "run_dir /etc/passwd exists and is not a directory"),
+        ("resume=maybe", "resume must be true, false or auto"),
+    ],
+)
+def test_mistakes_are_one_line_once(override, message, fmnist, tmp_path):
+    for nproc in (0, 2):
+        out = cli([*RUN, f"data.root={fmnist}", override], tmp_path / str(nproc), nproc=nproc)
+        assert out.returncode == EXIT_USER, (nproc, out.stderr[-2000:])
+        line = one_line(out)
+        assert line.startswith("error: ") and message in line, line
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a small tmpfs")
+def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(fmnist, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        run_dir = disk / "run"
+        # a checkpoint here is about 5.5 MB (the model, both ranks' DGC momenta and residuals): room for one
+        (disk / "filler").write_bytes(b"\0" * (14 * 2**20))
+        out = cli(args(fmnist, run_dir, "train.max_steps=30"), tmp_path, nproc=2)
+        assert out.returncode == EXIT_USER
+        line = one_line(out)
+        assert line.startswith(f"error: no space left on the device of {run_dir}") and "resume=auto" in line
+        step = load(run_dir)["counters"]["step"]
+        (disk / "filler").unlink()
+        out = cli(args(fmnist, run_dir, "train.max_steps=30"), tmp_path, nproc=2)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert f"at step {step}" in out.stdout
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
+def test_the_launcher_checks_the_config_before_starting_workers(tmp_path):
+    out = cli([*RUN, "compression.density=0"], tmp_path, nproc=2, env={"DGC_DEBUG": ""})
+    assert out.returncode == EXIT_USER
+    assert one_line(out) == "error: density must be a number in (0, 1], got 0.0"
+
+
+def test_sigterm_to_the_launcher_stops_the_job_resumably(fmnist, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dgc.train", "--nproc", "2", *args(fmnist, run_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(records(run_dir, "train") if (run_dir / "metrics.jsonl").exists() else []) < 4:
+            assert time.monotonic() < deadline and job.poll() is None
+            time.sleep(0.1)
+        job.send_signal(signal.SIGTERM)  # what Slurm or a scheduler does to the job
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "Traceback" not in err and err.count("interrupted: stopped at step") == 1
+    assert not leftover_processes(run_dir)
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert_same_training(reference, run_dir)
