@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Debian packages holding the offline data sets (installed when root with apt)
 DEB_DATA := dataset-fashion-mnist bible-kjv-text bible-kjv espeak-ng pocketsphinx-testdata
 
-.PHONY: help install demo data test test-all lint format bench bench-cluster clean
+.PHONY: help install demo data test test-all lint format bench bench-cluster chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/perform
 	  --out results/bench/cluster_lstm.json
 	$(CLUSTER) --e2e --nodes 4 --steps 8 --batch-size 32
 	$(PY) -m dgc.costmodel results/bench/cluster_n2.json results/bench/cluster.json results/bench/cluster_n8.json
+
+chaos: install ## one 2-rank run hit by random faults and relaunched, against the same run left alone (~15 min); results/reliability/
+	$(PY) -m dgc.repro.chaos --out results/reliability
 
 clean: ## remove caches (keeps .venv and results/)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -146,3 +147,37 @@ def test_submitit_launcher_sweep(shared_dir):
     for method in ("none", "dgc"):
         summary = json.loads((shared_dir / "sweep" / method / "summary.json").read_text())
         assert (summary["compression"], summary["world_size"], summary["steps"]) == (method, 2, 5)
+
+
+def test_time_limit_warning_checkpoints_requeues_and_finishes_identically(shared_dir):
+    """A job shorter than its run: Slurm's USR1 before the limit stops every rank after a checkpoint (exit 75),
+    the script requeues the job, and the requeued job resumes and finishes like an uninterrupted run."""
+    from tests.runs import assert_same_training
+
+    run = ["task=fmnist_resnet20", "compression=dgc", "data.limit=2048", "data.eval_limit=256",
+           "train.checkpoint_every=50", "train.progress=false", "train.log_every=10", "device=cpu"]  # fmt: skip
+    reference = shared_dir / "reference"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "dgc.train", "--nproc", "2", *run, f"run_dir={reference}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir, out = shared_dir / "run", shared_dir / "job.out"
+    submit = subprocess.run(
+        ["sbatch", "--parsable", "--time=3", "--signal=USR1@60", "--gpus-per-node=0", "-c", "2", "-o", str(out),
+         "launch/slurm/train_1node.sbatch", *run, f"run_dir={run_dir}"],
+        cwd=ROOT, env=dict(os.environ, NPROC="2", PYTHON=sys.executable), capture_output=True, text=True,
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr
+    job = submit.stdout.strip().split(";")[0]
+    deadline, state = time.monotonic() + 1200, ""
+    while time.monotonic() < deadline:
+        show = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        state = next((w.split("=")[1] for w in show.split() if w.startswith("JobState=")), "")
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            break
+        time.sleep(5)
+    log = out.read_text()
+    assert state == "COMPLETED", f"job {job}: {state}\n{log[-3000:]}"
+    assert "interrupted: stopped at step" in log and "on SIGUSR1" in log and "requeueing job" in log
+    assert "(restart 1)" in log and "resuming" in log
+    assert_same_training(reference, run_dir)

@@ -246,3 +246,47 @@ def test_state_dict_round_trip_continues_identically() -> None:
     for out in run(_resume, 2):
         for a, b in zip(out["straight"], out["resumed"], strict=True):
             assert torch.equal(a, b)
+
+
+# -- a non-finite gradient on one rank: every rank skips the step; requests reach every rank ----------
+
+
+def _nonfinite(rank: int, world: int) -> dict:
+    model = make_model()
+    sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.1), clip_norm=1.0)
+    opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9)
+    out: dict = {"skipped": [], "requests": []}
+    for step in range(5):
+        local_backward(model, rank, step)
+        if step in (2, 3) and rank == 1:  # a NaN, then an Inf, in one value of one rank's gradient
+            next(model.parameters()).grad.view(-1)[0] = float("nan") if step == 2 else float("inf")
+        if step == 2:
+            before = (params(model), copy.deepcopy(sync.compressor.state))
+        if step == 3 and rank == 0:
+            sync.request("stop")
+        stats = sync.step()
+        opt.step()
+        out["skipped"].append(stats.skipped)
+        out["requests"].append(stats.requests)
+        if step == 3:
+            out["unchanged"] = (before, (params(model), copy.deepcopy(sync.compressor.state)))
+            out["zeroed"] = all(bool((p.grad == 0).all()) for p in model.parameters())
+        out["control_bytes"] = stats.control_bytes
+    out["final"] = params(model)
+    return out
+
+
+def test_a_non_finite_gradient_on_one_rank_is_skipped_on_every_rank() -> None:
+    outs = run(_nonfinite, 2)
+    for out in outs:
+        assert out["skipped"] == [False, False, True, True, False]
+        assert out["requests"] == [(), (), (), ("stop",), ()]  # asked on rank 0, seen by both at once
+        (model_before, state_before), (model_after, state_after) = out["unchanged"]
+        for a, b in zip(model_before, model_after, strict=True):  # no update from the skipped steps
+            assert torch.equal(a, b)
+        for name, slot in state_before.items():  # nothing entered DGC's momenta and residuals
+            for key, tensor in slot.items():
+                assert torch.equal(tensor, state_after[name][key]) and bool(tensor.isfinite().all())
+        assert out["zeroed"] and out["control_bytes"] == 3  # a byte for each flag: non-finite, stop, checkpoint
+    for a, b in zip(outs[0]["final"], outs[1]["final"], strict=True):
+        assert torch.equal(a, b) and bool(a.isfinite().all())

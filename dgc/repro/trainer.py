@@ -153,6 +153,7 @@ class Trainer:
                        "skipped": 0, "bad_streak": 0}  # fmt: skip
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1
+        self.window: list[dict[str, float]] = []  # the steps since the last log line (checkpointed)
         self.files = RunFiles(cfg, info)
         self.callbacks = list(callbacks)
         self.stop_signal: str | None = None  # the signal that asked this worker to stop
@@ -186,7 +187,6 @@ class Trainer:
 
     def _loop(self) -> dict[str, Any]:
         self.files.start_progress(self.total_steps, self.step)
-        window: list[dict[str, float]] = []
         started = time.perf_counter() - self.totals["wall"]
         per_epoch = self.steps_per_epoch * self.cfg.train.accumulate
         while self.step < self.total_steps:
@@ -194,11 +194,11 @@ class Trainer:
                 self.task.start_epoch(self.model, self.epoch)
             batches = self.task.train_batches(self.epoch, start=self.batch)
             while self.step < self.total_steps and self.batch + self.cfg.train.accumulate <= per_epoch:
-                window.append(self.train_step(batches))
+                self.window.append(self.train_step(batches))
                 self.totals["wall"] = time.perf_counter() - started
                 if self.step % self.cfg.train.log_every == 0 or self.step == self.total_steps:
-                    self.files.log_step(self._summarize(window))
-                    window = []
+                    self.files.log_step(self._summarize(self.window))
+                    self.window = []
                 # at the end of an epoch or of the run, the checkpoint comes after the evaluation (below):
                 # one taken before it would, on resume, evaluate and log that step a second time
                 ends = self.step == self.total_steps or self.batch >= per_epoch
@@ -374,7 +374,13 @@ class Trainer:
             state = {
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
-                "counters": {"step": self.step, "epoch": self.epoch, "batch": self.batch, "totals": dict(self.totals)},
+                "counters": {
+                    "step": self.step,
+                    "epoch": self.epoch,
+                    "batch": self.batch,
+                    "totals": dict(self.totals),
+                    "window": list(self.window),
+                },  # fmt: skip
                 "last_eval": (self.last_eval, self.last_eval_step),
                 "world_size": self.info.world_size,
                 "ranks": per_rank,
@@ -413,6 +419,7 @@ class Trainer:
         c = state["counters"]
         self.step, self.epoch, self.batch = c["step"], c["epoch"], c["batch"]
         self.totals.update(c["totals"])
+        self.window = list(c.get("window", []))
         self.last_eval, self.last_eval_step = state["last_eval"]
 
 

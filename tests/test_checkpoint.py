@@ -1,0 +1,66 @@
+"""dgc.repro.checkpoint: rotation, the fallback to the previous file, safe loading, the settings a resume may change."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from dgc.repro import checkpoint
+
+
+def state(step: int) -> dict:
+    return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {}, "counters": {"step": step},
+            "last_eval": ({}, -1), "world_size": 1, "ranks": [{}], "config": {"seed": 0}}  # fmt: skip
+
+
+def test_the_last_two_are_kept_and_the_newest_readable_one_is_chosen(tmp_path):
+    for step in (1, 2, 3):
+        checkpoint.save(tmp_path, state(step))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
+    path, got, warnings = checkpoint.choose(tmp_path)
+    assert path.name == "checkpoint.pt" and got["counters"]["step"] == 3 and warnings == []
+    (tmp_path / "checkpoint.pt").write_bytes((tmp_path / "checkpoint.pt").read_bytes()[:100])  # torn
+    path, got, warnings = checkpoint.choose(tmp_path)
+    assert path.name == "checkpoint.prev.pt" and got["counters"]["step"] == 2
+    assert len(warnings) == 1 and "checkpoint.pt is unreadable" in warnings[0]
+
+
+def test_a_failed_save_keeps_the_checkpoints_there_were(tmp_path):
+    checkpoint.save(tmp_path, state(1))
+    checkpoint.save(tmp_path, state(2))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(Exception):  # noqa: B017 - the write fails half way
+        checkpoint.save(tmp_path, {"model": lambda: 0})  # not picklable
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+def test_only_tensors_and_plain_containers_are_loaded(tmp_path):
+    bad = state(1)
+    bad["counters"]["step"] = Payload()
+    torch.save(bad, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="holds objects other than tensors and plain containers.*refused"):
+        checkpoint.load(tmp_path / "checkpoint.pt")
+    torch.save({"model": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="is not a dgc checkpoint"):
+        checkpoint.load(tmp_path / "other.pt")
+
+
+def test_changed_settings_name_what_differs_unless_allowed_or_free():
+    saved = {"seed": 0, "optim": {"lr": 0.1, "milestones": [2]}, "train": {"epochs": 4, "progress": True},
+             "logger": {"wandb": False}, "resume": False}  # fmt: skip
+    now = {"seed": 0, "optim": {"lr": 0.2, "milestones": [3]}, "train": {"epochs": 6, "progress": False},
+           "logger": {"wandb": True}, "resume": "auto"}  # fmt: skip
+    assert checkpoint.changed_settings(saved, now, []) == [
+        "optim.lr: 0.1 -> 0.2",
+        "optim.milestones: [2] -> [3]",
+        "train.epochs: 4 -> 6",
+    ]
+    assert checkpoint.changed_settings(saved, now, ["train.epochs", "optim"]) == []
+    assert checkpoint.changed_settings(saved, saved, []) == []
