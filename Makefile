@@ -22,15 +22,18 @@ install: $(PY) ## create .venv, install dgc and its dependencies (and the offlin
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  fi; \
 	else echo "not root with apt: skipping Debian data packages ($(DEB_DATA))"; fi
-	@$(PIP) install -q -e '.[dev,wandb]' > $(VENV)/pip-install.log 2>&1 || { cat $(VENV)/pip-install.log; exit 1; }
+	@$(PIP) install -q -e '.[dev,wandb,slurm]' > $(VENV)/pip-install.log 2>&1 || { cat $(VENV)/pip-install.log; exit 1; }
 	@$(PY) -c "import dgc, torch; print('dgc', dgc.__version__, 'torch', torch.__version__)"
 
 demo: install ## the main job: fmnist_resnet20 on 4 CPU workers, dense vs DGC; table and plot in results/demo/
-	$(PY) -m dgc.repro.demo
+	$(PY) -m dgc.repro.demo --out results/demo
 
-data: install ## build the offline corpora under data/ (skipped when present): KJV text for kjv_lstm, espeak-ng speech for synth_deepspeech (~2 min)
-	$(PY) -m dgc.tasks.text_corpora --root data/kjv
-	$(PY) -m dgc.tasks.synth_speech --root data/synth_speech
+# where the data sets live: $DGC_DATA, else data/ here (what the configs' ${data_home:...} resolves to)
+DATA ?= $(or $(DGC_DATA),data)
+
+data: install ## build the offline corpora under $(DATA) (skipped when present): KJV text for kjv_lstm, espeak-ng speech for synth_deepspeech (~2 min)
+	$(PY) -m dgc.tasks.text_corpora --root $(DATA)/kjv
+	$(PY) -m dgc.tasks.synth_speech --root $(DATA)/synth_speech
 
 test: install ## run the test suite (CPU, gloo; what CI runs)
 	$(PY) -m pytest -q -m "not slow and not gpu"
@@ -47,22 +50,24 @@ format: ## apply ruff fixes and formatting
 	$(VENV)/bin/ruff format dgc tests tasks launch conf
 
 bench: install ## selection and wire-size benchmarks, JSON under results/bench/
-	$(PY) -m dgc.bench select
-	$(PY) -m dgc.bench wire --model resnet50
+	$(PY) -m dgc.bench select --out results/bench/select.json
+	$(PY) -m dgc.bench wire --model resnet50 --out results/bench/wire.json
 
 CLUSTER := $(PY) -m dgc.bench cluster
 RN50 := --model resnet50 --steps 7
 bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/performance.md and the cost model, ~5 min
 	@[ "$$(id -u)" = 0 ] || { echo "bench-cluster: needs root (network namespaces, tc); run: sudo make bench-cluster"; exit 1; }
-	$(CLUSTER) --nodes 4 $(RN50) --methods none,fp16,powersgd,topk,dgc,dgc_compact,dgc_compact_all
+	$(CLUSTER) --nodes 4 $(RN50) --methods none,fp16,powersgd,topk,dgc,dgc_compact,dgc_compact_all \
+	  --out results/bench/cluster.json
 	$(CLUSTER) --nodes 2 $(RN50) --methods none,fp16,dgc,dgc_compact --out results/bench/cluster_n2.json
 	$(CLUSTER) --nodes 8 $(RN50) --methods none,fp16,dgc,dgc_compact --out results/bench/cluster_n8.json
 	$(CLUSTER) --nodes 4 --model alexnet --steps 5 --methods none,fp16,powersgd,dgc,dgc_compact \
 	  --out results/bench/cluster_alexnet.json
 	$(CLUSTER) --nodes 4 --model lstm --steps 5 --methods none,fp16,powersgd,dgc,dgc_compact \
 	  --out results/bench/cluster_lstm.json
-	$(CLUSTER) --e2e --nodes 4 --steps 8 --batch-size 32
-	$(PY) -m dgc.costmodel results/bench/cluster_n2.json results/bench/cluster.json results/bench/cluster_n8.json
+	$(CLUSTER) --e2e --nodes 4 --steps 8 --batch-size 32 --out results/bench/cluster_e2e.json
+	$(PY) -m dgc.costmodel results/bench/cluster_n2.json results/bench/cluster.json results/bench/cluster_n8.json \
+	  --out results/bench/costmodel.json
 
 chaos: install ## one 2-rank run hit by random faults and relaunched, against the same run left alone (~15 min); results/reliability/
 	$(PY) -m dgc.repro.chaos --out results/reliability
@@ -73,18 +78,19 @@ clean: ## remove caches (keeps .venv and results/)
 # -- the paper's tables (dgc/tables.py): runs under results/runs/<table>/<key>/, then results/<table>.{md,csv,png} --
 # Full scale needs a GPU cluster: submitted through Slurm (launch/slurm/*.sbatch, one job per run, then a report job)
 # unless LAUNCHER=local (one torchrun after another on this machine). Data roots (the configs' defaults):
-CIFAR_ROOT ?= data/cifar10
-IMAGENET_ROOT ?= data/imagenet
-PTB_ROOT ?= data/ptb
-LIBRISPEECH_ROOT ?= data/LibriSpeech
-AN4_ROOT ?= data/an4
+CIFAR_ROOT ?= $(DATA)/cifar10
+IMAGENET_ROOT ?= $(DATA)/imagenet
+PTB_ROOT ?= $(DATA)/ptb
+LIBRISPEECH_ROOT ?= $(DATA)/LibriSpeech
+AN4_ROOT ?= $(DATA)/an4
 LAUNCHER ?= slurm
 # more python -m dgc.repro.sweep options, e.g. SWEEP_ARGS='--sbatch=--partition=gpu --gpus-per-node=8 --skip-done'
 SWEEP_ARGS ?=
 DATA_ROOTS := --data-root cifar10=$(CIFAR_ROOT) --data-root imagenet=$(IMAGENET_ROOT) --data-root ptb=$(PTB_ROOT) \
 	--data-root librispeech=$(LIBRISPEECH_ROOT) --data-root an4=$(AN4_ROOT)
-SWEEP := $(PY) -m dgc.repro.sweep --launcher $(LAUNCHER) $(DATA_ROOTS) $(SWEEP_ARGS)
-CPU_SWEEP := $(PY) -m dgc.repro.sweep --launcher local $(SWEEP_ARGS)
+TABLE_DIRS := --runs-root results/runs --out results
+SWEEP := $(PY) -m dgc.repro.sweep --launcher $(LAUNCHER) $(TABLE_DIRS) $(DATA_ROOTS) $(SWEEP_ARGS)
+CPU_SWEEP := $(PY) -m dgc.repro.sweep --launcher local $(TABLE_DIRS) $(SWEEP_ARGS)
 
 .PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-compact
 

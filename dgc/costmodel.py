@@ -211,20 +211,10 @@ def _net_features(o: dict[str, Any]) -> list[float]:
 
 
 def _nonnegative_lstsq(a, b):  # noqa: ANN001, ANN202 - numpy arrays
-    """Least squares with x >= 0 (drop the variables that come out negative and solve again)."""
-    import numpy as np
+    """Least squares with x >= 0 (scipy's exact active-set NNLS)."""
+    from scipy.optimize import nnls
 
-    free = np.ones(a.shape[1], dtype=bool)
-    x = np.zeros(a.shape[1])
-    for _ in range(a.shape[1]):
-        cols = np.flatnonzero(free)
-        sol, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-        if (sol >= 0).all():
-            x[:] = 0
-            x[cols] = sol
-            return x
-        free[cols[sol < 0]] = False
-    return x
+    return nnls(a, b)[0]
 
 
 def calibrate(results: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -366,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dgc.costmodel", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="cluster bench JSON files (exchange mode), e.g. at 2, 4 and 8 nodes")
     p.add_argument("--compute-s", type=float, default=0.2, help="per-worker compute per step for the projection")
-    p.add_argument("--out", default="results/bench/costmodel.json")
+    p.add_argument("--out", default="runs/bench/costmodel.json", help="(default: %(default)s; make: results/bench)")
     args = p.parse_args(argv)
     results = []
     for f in args.runs:

@@ -40,6 +40,7 @@ plugs in.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -202,6 +203,7 @@ class GradientSync:
         self.steps = 0
         self.last: StepStats | None = None
         self._requested: set[str] = set()
+        self._epoch_set = False
 
     # -- configuration -------------------------------------------------------------
     @property
@@ -219,7 +221,9 @@ class GradientSync:
         return self.compressor.owns_momentum and self.is_compressed(param)
 
     def set_epoch(self, epoch: float) -> None:
-        """Drive the compression warm-up (a fractional epoch is fine)."""
+        """Drive the compression warm-up: call it every step with the fractional epoch
+        (``epoch + i / steps_per_epoch``). Without it the density stays at the first warm-up stage."""
+        self._epoch_set = True
         self.compressor.set_epoch(epoch)
 
     def request(self, what: str) -> None:
@@ -248,6 +252,15 @@ class GradientSync:
     def sync(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> StepStats:
         """Exchange ``(param, grad)`` pairs in place; grads must be contiguous."""
         pairs = sorted(pairs, key=lambda pg: self._order[self.name_of(pg[0])])
+        if self.steps == 0 and not self._epoch_set:
+            schedule = getattr(self.compressor, "schedule", None)
+            if schedule is not None and schedule.warmup_epochs > 0:
+                warnings.warn(
+                    f"the compressor warms its density up over {schedule.warmup_epochs:g} epochs, but "
+                    "GradientSync.set_epoch() was never called: the density stays at the first stage "
+                    f"({schedule(0.0):g}); call sync.set_epoch(epoch + i / steps_per_epoch) every step",
+                    stacklevel=2,
+                )
         phases = Phases(cuda_sync=self.timing and any(g.is_cuda for _, g in pairs))
         self.comm.phases = phases
         self.comm.reset_traffic()
@@ -311,8 +324,9 @@ class GradientSync:
             return Item(name, param, grad)
         if self.optimizer is None:
             raise RuntimeError(
-                f"compressor {self.compressor.name!r} keeps the momentum: build the optimizer with "
-                "dgc.SGD(params, sync, ...) so the momentum and weight decay reach it"
+                f"compressor {self.compressor.name!r} keeps the momentum (momentum correction): build the optimizer "
+                "with dgc.SGD(params, sync, ...) so the momentum and weight decay reach it, or use another "
+                "optimizer (AdamW, ...) with momentum_correction=false"
             )
         momentum, nesterov, weight_decay = self.optimizer.hyper(param)
         if weight_decay:

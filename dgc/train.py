@@ -245,8 +245,17 @@ def _launcher_options(args: list[str]) -> tuple[int | None, int, list[str]]:
     return nproc, restarts, rest
 
 
+def _check_launcher_plugin(args: list[str]) -> None:
+    if any(a.startswith("hydra/launcher=slurm") for a in args):
+        import importlib.util
+
+        if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+            _fail("hydra/launcher=slurm needs Hydra's submitit launcher: pip install -e '.[slurm]' (make install does)")
+
+
 def main() -> None:
     nproc, restarts, args = _launcher_options(sys.argv[1:])
+    _check_launcher_plugin(args)
     multirun = any(a in ("-m", "--multirun") for a in args)
     if multirun and (int(os.environ.get("WORLD_SIZE", "1")) > 1 or nproc):
         _fail("a Hydra multirun (-m) inside torchrun would run the whole sweep on every rank; sweep outside torchrun")

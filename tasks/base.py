@@ -7,6 +7,7 @@ checkpoints), so the same loop runs every experiment.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ class Task:
 
     def __init__(self, cfg: Config, info: DistInfo):
         self.cfg, self.info = cfg, info
+        cfg.data.root = os.path.expanduser(cfg.data.root)  # a root from a YAML file may start with ~
 
     def check(self) -> None:
         """Raise a ValueError with one line when the task cannot run (e.g. data missing)."""

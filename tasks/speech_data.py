@@ -47,9 +47,16 @@ _INDEX = {c: i for i, c in enumerate(ALPHABET)}
 
 LIBRIVOX_DIR = Path("/usr/share/pocketsphinx/test/data/librivox")
 LIBRISPEECH_HINT = (
-    "download LibriSpeech from openslr.org/12 and extract it so that <root>/<split>/<speaker>/<chapter>/ exists "
-    "(for the offline espeak-ng corpus run `make data`)"
+    "download LibriSpeech from openslr.org/12 and extract it so that <root>/<split>/<speaker>/<chapter>/ exists"
 )
+SYNTH_HINT = "build the offline espeak-ng corpus with `make data` (or python -m dgc.tasks.synth_speech --root <root>)"
+
+
+def librispeech_hint(root: str | os.PathLike) -> str:
+    """How to get the data a LibriSpeech-layout root should hold (the offline corpus is built, not downloaded)."""
+    return SYNTH_HINT if Path(root).name == "synth_speech" else LIBRISPEECH_HINT
+
+
 AN4_HINT = (
     "download an4_raw.bigendian.tar.gz (or an4_sphere.tar.gz) from www.speech.cs.cmu.edu/databases/an4/, "
     "extract it and pass data.root=<dir>/an4 (holding etc/ and wav/)"
@@ -91,15 +98,7 @@ def greedy_decode(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
 
 def edit_distance(ref, hyp) -> int:
     """Levenshtein distance between two sequences (substitutions, insertions, deletions cost 1)."""
-    if len(ref) < len(hyp):
-        ref, hyp = hyp, ref
-    prev = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        cur = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
-        prev = cur
-    return prev[-1]
+    return int(torchaudio.functional.edit_distance(ref, hyp))
 
 
 def error_counts(refs: list[str], hyps: list[str]) -> tuple[int, int, int, int]:
@@ -174,7 +173,7 @@ def librispeech_split(root: str | os.PathLike, split: str) -> list[Utterance]:
     if not base.is_dir() and (root / "LibriSpeech" / split).is_dir():
         base = root / "LibriSpeech" / split
     if not base.is_dir():
-        raise DataError(f"LibriSpeech split {split!r} not found under {root}: {LIBRISPEECH_HINT}")
+        raise DataError(f"LibriSpeech split {split!r} not found under {root}: {librispeech_hint(root)}")
     items = []
     for trans in sorted(base.glob("*/*/*.trans.txt")):
         for line in trans.read_text().splitlines():
@@ -189,7 +188,7 @@ def librispeech_split(root: str | os.PathLike, split: str) -> list[Utterance]:
             else:
                 raise DataError(f"{trans}: no audio {uid}.flac or {uid}.wav next to it")
     if not items:
-        raise DataError(f"LibriSpeech split {base} holds no <speaker>/<chapter>/*.trans.txt: {LIBRISPEECH_HINT}")
+        raise DataError(f"LibriSpeech split {base} holds no <speaker>/<chapter>/*.trans.txt: {librispeech_hint(root)}")
     return items
 
 

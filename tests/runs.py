@@ -75,7 +75,7 @@ def assert_same_training(a: Path, b: Path) -> None:
         assert ra["compression"]["compressor"]["tensors"]  # DGC keeps residuals and momenta
         # compression state, RNG and (with several workers) each worker's BatchNorm statistics
         assert_same_tree(ra, rb)
-    keys = ("step", "epoch", "loss", "lr", "density", "sent_bytes")
+    keys = ("step", "epoch", "train_loss", "lr", "density", "sent_bytes")
     assert [[r[k] for k in keys] for r in records(a, "train")] == [[r[k] for k in keys] for r in records(b, "train")]
     keys = ("step", "epoch", "loss", "top1", "top5")
     assert [[r[k] for k in keys] for r in records(a, "eval")] == [[r[k] for k in keys] for r in records(b, "eval")]

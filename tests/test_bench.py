@@ -51,9 +51,9 @@ def test_select_small(tmp_path: Path) -> None:
     assert r["round_orders"] == ["dgc/topk/pass", "topk/pass/dgc"]
 
 
-def test_default_out_path(tmp_path: Path) -> None:
-    r = ok(bench("select", "--numel", "5000", "--repeats", "1", cwd=tmp_path), tmp_path / "results/bench/select.json")
-    assert r["k"] == 5
+def test_default_out_path_is_not_the_committed_results(tmp_path: Path) -> None:
+    r = ok(bench("select", "--numel", "5000", "--repeats", "1", cwd=tmp_path), tmp_path / "runs/bench/select.json")
+    assert r["k"] == 5 and not (tmp_path / "results").exists()
 
 
 def test_wire_all_compressors_small_model(tmp_path: Path) -> None:

@@ -250,7 +250,7 @@ def test_losses_fall_on_a_tiny_corpus(tmp_path):
     )
     Trainer(cfg, init_distributed("cpu")).fit()
     losses = [
-        r["loss"]
+        r["train_loss"]
         for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
         if r["kind"] == "train"
     ]

@@ -8,7 +8,8 @@
   emulated cluster of network namespaces with shaped links; needs root (:mod:`dgc.bench.cluster`).
 
 Each prints one JSON object on stdout and writes the same text, atomically, to
-``results/bench/<name>.json`` (``--out`` overrides; ``cluster`` also writes a plot next to it). Progress goes to stderr.
+``runs/bench/<name>.json`` (``--out`` overrides, e.g. ``results/bench/...`` as the Makefile does;
+``cluster`` also writes a plot next to it). Progress goes to stderr.
 Bad arguments exit with status 2 and a one-line message.
 """
 

@@ -36,7 +36,7 @@ With N ranks on fewer cores, ranks compete for the CPU: compression and compute 
 on a machine per rank, and slowest-rank timings include that contention (recorded: cores, load
 average before and after).
 
-Output: one JSON (``results/bench/cluster.json``, ``cluster_e2e.json`` with ``--e2e``) and a
+Output: one JSON (``runs/bench/cluster.json``, ``cluster_e2e.json`` with ``--e2e``; ``--out``) and a
 plot next to it (``.png``).
 """
 
@@ -139,7 +139,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--batch-size", type=positive_int_arg, default=32, help="--e2e: batch per worker (default: 32)")
     p.add_argument("--threads", type=positive_int_arg, default=1, help="threads per rank (default: 1)")
     p.add_argument("--seed", type=int_arg, default=0, help="seed of shapes and gradients (default: 0)")
-    p.add_argument("--out", default=None, help="JSON output (default: results/bench/cluster.json or cluster_e2e.json)")
+    p.add_argument("--out", default=None, help="JSON output (default: runs/bench/cluster.json or cluster_e2e.json)")
     p.add_argument("--no-plot", action="store_true", help="do not write the plot")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
@@ -156,7 +156,7 @@ def resolve_methods(args: argparse.Namespace) -> list[str]:
 
 
 def default_out(args: argparse.Namespace) -> str:
-    return args.out or ("results/bench/cluster_e2e.json" if args.e2e else "results/bench/cluster.json")
+    return args.out or ("runs/bench/cluster_e2e.json" if args.e2e else "runs/bench/cluster.json")
 
 
 # -- the launcher side ----------------------------------------------------------------------
@@ -435,17 +435,19 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 0.6 * len(methods) + 1.6))
     y = range(len(methods))
     if result["mode"] == "e2e":
+        # the bar is the median step; its parts are the medians of compute, compress and communicate, scaled
+        # to fill it (medians of parts need not add up to the median of their sums)
         parts = [("compute_s", "compute"), ("compress_s", "compress"), ("communicate_s", "communicate")]
+        scale = [r["step_s"] / max(sum(r[k] for k, _ in parts), 1e-12) for r in rows]
         left = [0.0] * len(methods)
         for key, label in parts:
-            widths = [r[key] for r in rows]
+            widths = [r[key] * f for r, f in zip(rows, scale)]
             ax.barh(list(y), widths, left=left, label=label)
             left = [a + b for a, b in zip(left, widths)]
         for i, r in enumerate(rows):
-            label = f"  {r['step_s']:.2f} s ({r['step_over_local']:.2f}x)"
-            ax.text(max(r["step_s"], left[i]), i, label, va="center", fontsize=8)
-        ax.set_xlim(0, max(max(left), max(r["step_s"] for r in rows)) * 1.3)
-        ax.set_xlabel("step time, slowest rank (s); parts: medians per part")
+            ax.text(r["step_s"], i, f"  {r['step_s']:.2f} s ({r['step_over_local']:.2f}x)", va="center", fontsize=8)
+        ax.set_xlim(0, max(r["step_s"] for r in rows) * 1.35)
+        ax.set_xlabel("step time, slowest rank (s, median); parts in proportion to their medians")
         ax.set_title(
             f"{result['task']}, {result['nodes']} nodes at {result['rate']}, batch {result['batch_size_per_rank']}/rank"
         )
@@ -455,12 +457,17 @@ def plot(result: dict[str, Any], path: Path) -> Path:
         ax.barh(list(y), times, color="tab:blue")
         ax.set_xscale("log")
         ax.set_xlim(min(times) / 1.5, max(times) * 3)  # room for the labels
+        # labelled ticks at 1, 2 and 5 of every decade, so even a span under one decade reads
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(
+            matplotlib.ticker.FuncFormatter(lambda v, _: f"{v * 1e3:g} ms" if v < 1 else f"{v:g} s")
+        )
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         for i, r in enumerate(rows):
             x = r.get("speedup_vs_none")
             speed = f", {x:.1f}x" if x and x < 10 else f", {x:.0f}x" if x else ""
             ax.text(r["exchange_s"], i, f"  {r['exchange_s'] * 1e3:.0f} ms{speed}", va="center", fontsize=8)
-        ax.set_xlabel("gradient exchange per step, slowest rank (s, log scale)")
+        ax.set_xlabel("gradient exchange per step, slowest rank (log scale)")
         size = f"{result['numel'] / 1e6:.1f}M values"
         ax.set_title(f"{result['model']} ({size}), {result['nodes']} nodes at {result['rate']}")
     ax.set_yticks(list(y), methods)

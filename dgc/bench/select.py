@@ -71,7 +71,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--repeats", type=positive_int_arg, default=7, help="timed rounds; medians (default: 7)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--seed", type=int_arg, default=0, help="seed of the gradients and the sampling (default: 0)")
-    p.add_argument("--out", default="results/bench/select.json", help="JSON output (default: %(default)s)")
+    p.add_argument("--out", default="runs/bench/select.json", help="JSON output (default: %(default)s)")
     return p
 
 

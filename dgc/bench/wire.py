@@ -91,7 +91,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         help=f"comma-separated subset of: {','.join(configurations())} (default: all)",
     )
-    p.add_argument("--out", default="results/bench/wire.json", help="JSON output (default: %(default)s)")
+    p.add_argument("--out", default="runs/bench/wire.json", help="JSON output (default: %(default)s)")
     return p
 
 

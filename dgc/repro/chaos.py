@@ -45,7 +45,7 @@ PROCESS_FAULTS = ("usr1", "term", "kill")
 FILE_FAULTS = ("corrupt", "torn")
 DATA_FAULTS = ("nan", "inf")
 #: logged fields that are the same in a reproduced run (times are not)
-SAME_TRAIN = ("step", "epoch", "loss", "lr", "density", "sent_bytes", "wire_ratio", "skipped")
+SAME_TRAIN = ("step", "epoch", "train_loss", "lr", "density", "sent_bytes", "wire_ratio", "skipped")
 SAME_EVAL = ("step", "epoch", "loss", "top1", "top5", "wire_ratio")
 
 
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nproc", type=int, default=2, help="ranks (default: 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault schedule (default: 0)")
     p.add_argument("--work", default=None, help="where the runs go (default: a temporary folder)")
-    p.add_argument("--out", default="results/reliability", help="report folder (default: results/reliability)")
+    p.add_argument("--out", default="runs/reliability", help="report folder (default: %(default)s; make: results/)")
     p.add_argument("extra", nargs="*", help="more dgc.train overrides for both runs")
     args = p.parse_args(argv)
     if args.steps < 4 * args.checkpoint_every or args.faults < 1 or args.nproc < 2:

@@ -8,11 +8,29 @@ trainer. ``compression`` is typed by the chosen compressor's own config dataclas
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from dgc.compressors import CompressorConfig
 from dgc.sync import SyncConfig
+
+
+def data_home() -> Path:
+    """Where the data sets live: ``$DGC_DATA``; else the ``data/`` folder of a source checkout (where
+    ``make data`` builds); else ``~/.cache/dgc/data``. The configs' ``${data_home:kjv}`` is a folder in it."""
+    if os.environ.get("DGC_DATA"):
+        return Path(os.environ["DGC_DATA"]).expanduser()
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "conf").is_dir():
+        return checkout / "data"
+    return Path.home() / ".cache" / "dgc" / "data"
+
+
+OmegaConf.register_new_resolver("data_home", lambda sub="": str(data_home() / sub), replace=True)
 
 
 class ConfigError(ValueError):

@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4, help="torchrun processes (default: 4)")
     p.add_argument("--epochs", type=float, default=4.0, help="epochs per run (default: 4)")
     p.add_argument("--warmup", type=float, default=1.0, help="DGC density warm-up in epochs (default: 1)")
-    p.add_argument("--out", default="results/demo", help="output directory (default: results/demo)")
+    p.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo; make demo: results/demo)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("extra", nargs="*", help="further dgc.train overrides, e.g. data.limit=6000")
     args = p.parse_args(argv)
@@ -109,7 +109,7 @@ def plot(run_dirs: dict[str, Path], path: Path) -> None:
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
         train = [r for r in records if r["kind"] == "train"]
         evals = [r for r in records if r["kind"] == "eval"]
-        ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label=method)
+        ax_loss.plot([r["step"] for r in train], [r["train_loss"] for r in train], label=method)
         ax_acc.plot([r["step"] for r in evals], [r["top1"] for r in evals], marker="o", label=method)
         ax_bytes.semilogy([r["step"] for r in train], [r["sent_bytes"] for r in train], label=method)
     ax_loss.set(xlabel="step", ylabel="training loss", title="Training loss")
@@ -131,10 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     run_dirs = {m: out / "runs" / m for m in args.methods}
     summaries = {m: run_method(m, args, run_dirs[m]) for m in args.methods}
     md, csv_text = table(summaries)
+    epochs = sorted({round(s["epochs"], 2) for s in summaries.values()})
+    scopes = sorted({s.get("wire_ratio_over", "steps after the compression warm-up") for s in summaries.values()})
     note = (
-        f"\n{args.workers} workers (torchrun, gloo, CPU), {args.epochs:g} epochs each, "
-        f"DGC density 0.001 after a {args.warmup:g}-epoch warm-up; wire_ratio and bytes_per_step "
-        "count the steps after the warm-up. Command: python -m dgc.repro.demo "
+        f"\n{args.workers} workers (torchrun, gloo, CPU), {'/'.join(f'{e:g}' for e in epochs)} epochs each, "
+        f"DGC density 0.001 after a {args.warmup:g}-epoch warm-up; wire_ratio and bytes_per_step are over the "
+        f"{' or '.join(scopes)}. Command: python -m dgc.repro.demo "
         + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
         + "\n"
     )

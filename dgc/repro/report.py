@@ -59,7 +59,7 @@ class Run:
     def ratio(self) -> tuple[float | None, bool]:
         """(wire ratio after the compression warm-up, else over all steps; whether it is the latter)."""
         if self.summary.get("wire_ratio") is not None:
-            return float(self.summary["wire_ratio"]), False
+            return float(self.summary["wire_ratio"]), self.summary.get("wire_ratio_over", "").startswith("all")
         value = self.summary.get("wire_ratio_all_steps")
         return (float(value) if value is not None else None), True
 
@@ -385,7 +385,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--runs-root", default="results/runs", help="where --table finds <table>/<key>/ (default: results/runs)"
     )
-    p.add_argument("--out", default="results", help="output directory (default: results)")
+    p.add_argument("--out", default="runs/reports", help="output directory (default: runs/reports; make: results)")
     p.add_argument("--partial", action="store_true", help="with --table: show the runs that are done, mark the others")
     p.add_argument("--list", action="store_true", help="list the tables and their runs")
     args = p.parse_args(argv)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import yaml
 
+import dgc
 from dgc import atomic
 from dgc.distributed import DistInfo, broadcast_object
 from dgc.repro import checkpoint
@@ -225,7 +226,8 @@ class RunFiles:
                 "python": platform.python_version(),
                 "torch": torch.__version__,
                 "platform": platform.platform(),
-                "git_revision": _git_revision(),
+                "dgc_version": dgc.__version__,
+                "git_revision": _git_revision(),  # null outside a git checkout (an installed package)
                 "world_size": self.info.world_size,
                 "backend": self.info.backend,
                 "device": str(self.info.device),
@@ -266,22 +268,27 @@ class RunFiles:
             print(line, flush=True)
 
     def start_progress(self, total: int, done: int) -> None:
-        if self.main and self.cfg.train.progress:
+        """A per-step progress bar on a terminal; in a pipe or a log file (Slurm) the log lines are the progress."""
+        if self.main and self.cfg.train.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.progress = tqdm(
                 total=total, initial=done, unit="step", dynamic_ncols=True, leave=False, file=sys.stderr
             )
 
+    def tick(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress.update(step - self.progress.n)
+
     def log_step(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
         if self.progress is not None:
             self.progress.n = record["step"]
             ratio = f"{record['wire_ratio']:.0f}x"
-            self.progress.set_postfix(loss=_num(record["loss"], ".3f"), ratio=ratio, refresh=True)
+            self.progress.set_postfix(loss=_num(record["train_loss"], ".3f"), ratio=ratio, refresh=True)
         skipped = f" skipped {record['skipped']} (non-finite)" if record.get("skipped") else ""
         self.console(
-            f"step {record['step']} epoch {record['epoch']:.2f} loss {_num(record['loss'], '.4f')} "
+            f"step {record['step']} epoch {record['epoch']:.2f} loss {_num(record['train_loss'], '.4f')} "
             f"lr {record['lr']:.4g} "
             f"density {record['density']:.4g} sent {_human_bytes(record['sent_bytes'])}/step "
             f"({record['wire_ratio']:.0f}x) compute {record['compute_s'] * 1e3:.0f}ms "
@@ -293,7 +300,7 @@ class RunFiles:
     def log_eval(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
         shown = " ".join(f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float) and k != "epoch")
-        self.console(f"eval step {record['step']} epoch {record['epoch']}: {shown}")
+        self.console(f"eval step {record['step']} epoch {record['epoch']:g}: {shown}")
         if self.wandb is not None:
             self.wandb.log({f"eval/{k}": v for k, v in record.items() if k != "kind"}, step=record["step"])
 

@@ -154,8 +154,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="data.root=PATH for the runs whose task starts with PREFIX (repeatable), e.g. cifar10=/data/cifar10",
     )
     p.add_argument("--only", default="", help="comma-separated row keys (default: all rows)")
-    p.add_argument("--runs-root", default="results/runs", help="run directories: <runs-root>/<table>/<key>")
-    p.add_argument("--out", default="results", help="where the report goes (default: results)")
+    p.add_argument(
+        "--runs-root",
+        default="runs/tables",
+        help="run directories: <runs-root>/<table>/<key> (default: runs/tables; make: results/runs)",
+    )
+    p.add_argument("--out", default="runs/reports", help="where the report goes (default: runs/reports; make: results)")
     p.add_argument("--world-size", type=int, default=0, help="ranks of every run (default: the table's)")
     p.add_argument("--gpus-per-node", type=int, default=4, help="slurm: GPUs (ranks) per node (default: 4)")
     p.add_argument("--cpu", action="store_true", help="slurm: submit without GPUs (CPU ranks, gloo)")

@@ -195,6 +195,7 @@ class Trainer:
             batches = self.task.train_batches(self.epoch, start=self.batch)
             while self.step < self.total_steps and self.batch + self.cfg.train.accumulate <= per_epoch:
                 self.window.append(self.train_step(batches))
+                self.files.tick(self.step)
                 self.totals["wall"] = time.perf_counter() - started
                 if self.step % self.cfg.train.log_every == 0 or self.step == self.total_steps:
                     self.files.log_step(self._summarize(self.window))
@@ -293,7 +294,7 @@ class Trainer:
                 self.totals["sent"] += stats.sent_bytes
                 self.totals["steps"] += 1
         return {
-            "loss": loss_sum,
+            "train_loss": loss_sum,
             "lr": lr,
             "epoch": epoch_f,
             "density": stats.density,
@@ -318,7 +319,7 @@ class Trainer:
             "kind": "train",
             "step": self.step,
             "epoch": round(last["epoch"], 4),
-            "loss": mean["loss"] if math.isfinite(mean["loss"]) else None,
+            "train_loss": mean["train_loss"] if math.isfinite(mean["train_loss"]) else None,
             "lr": last["lr"],
             "density": last["density"],
             "sent_bytes": last["sent_bytes"],
@@ -331,19 +332,27 @@ class Trainer:
         }
 
     def _evaluate(self, end_of_epoch: bool) -> None:
+        per_epoch = self.steps_per_epoch * self.cfg.train.accumulate
+        epoch = self.epoch + 1 if end_of_epoch else round(self.epoch + self.batch / per_epoch, 4)
+        self.files.console(f"evaluating at step {self.step} (epoch {epoch:g})")
         self.last_eval = self.task.evaluate(self.model)
         self.last_eval_step = self.step
-        record = {"kind": "eval", "step": self.step, "epoch": self.epoch + (1 if end_of_epoch else 0)}
+        record = {"kind": "eval", "step": self.step, "epoch": epoch}
         record.update(self.last_eval)
         record["wire_ratio"] = self._wire_ratio()
         self.files.log_eval(record)
 
     def _wire_ratio(self) -> float | None:
-        dense, sent = (self.totals["dense"], self.totals["sent"]) if self.totals["steps"] else (0, 0)
-        return dense / sent if sent else None
+        """Over the steps after the compression warm-up; over all steps when the run has none of those."""
+        if self.totals["steps"]:
+            return self.totals["dense"] / self.totals["sent"] if self.totals["sent"] else None
+        return self.totals["dense_all"] / self.totals["sent_all"] if self.totals["sent_all"] else None
 
     def _summary(self) -> dict[str, Any]:
-        steps_counted = self.totals["steps"]
+        t = self.totals
+        after_warmup = t["steps"] > 0
+        dense, sent, steps = (t["dense"], t["sent"], t["steps"]) if after_warmup else (t["dense_all"], t["sent_all"], 0)
+        counted = steps if after_warmup else self.step - t["skipped"]
         return {
             "task": self.cfg.task.name,
             "compression": self.cfg.compression.name,
@@ -351,14 +360,18 @@ class Trainer:
             "steps": self.step,
             "epochs": self.step / self.steps_per_epoch,
             "metrics": self.last_eval,
-            "wire_ratio": self._wire_ratio(),
-            "bytes_per_step": self.totals["sent"] / steps_counted if steps_counted else None,
-            "dense_bytes_per_step": self.totals["dense"] / steps_counted if steps_counted else None,
-            "wire_ratio_steps": steps_counted,
-            "wire_ratio_all_steps": self.totals["dense_all"] / max(self.totals["sent_all"], 1),
+            "wire_ratio": dense / sent if sent else None,
+            "bytes_per_step": sent / counted if counted else None,
+            "dense_bytes_per_step": dense / counted if counted else None,
+            # which steps the ratio and the bytes are over
+            "wire_ratio_over": "steps after the compression warm-up"
+            if after_warmup
+            else "all steps (the run ended inside the compression warm-up)",
+            "wire_ratio_steps": counted,
+            "wire_ratio_all_steps": t["dense_all"] / max(t["sent_all"], 1),
             "compression_warmup_epochs": self.compression_warmup,
-            "skipped_steps": self.totals["skipped"],
-            "wall_s": self.totals["wall"],
+            "skipped_steps": t["skipped"],
+            "wall_s": t["wall"],
             "run_dir": str(self.files.run_dir),
         }
 
