@@ -14,6 +14,10 @@ still runs (and is accounted) end to end.
 gloo has no allgather for tensors of different sizes, so :meth:`Comm.allgather_bytes`
 exchanges lengths first, pads every message to the longest and counts the padding
 it sends as sent bytes.
+
+An exchange over several process groups (inside a machine, between machines) uses
+:meth:`Comm.sub` communicators, which count into their parent's traffic and phases, so a step's
+bytes are the sum over every group it used.
 """
 
 from __future__ import annotations
@@ -51,20 +55,44 @@ class Comm:
             self.rank = dist.get_rank(group)
         else:
             self.world_size, self.rank = 1, 0
-        self.traffic = Traffic()
-        #: collectives add their wall time to ``phases["communicate"]``
-        self.phases = Phases()
+        self._traffic = Traffic()
+        self._phases = Phases()
+        self.parent: Comm | None = None
+
+    @property
+    def traffic(self) -> Traffic:
+        return self.parent.traffic if self.parent is not None else self._traffic
+
+    @property
+    def phases(self) -> Phases:
+        """Collectives add their wall time to ``phases["communicate"]``."""
+        return self.parent.phases if self.parent is not None else self._phases
+
+    @phases.setter
+    def phases(self, value: Phases) -> None:
+        if self.parent is not None:
+            self.parent.phases = value
+        else:
+            self._phases = value
+
+    def sub(self, group: dist.ProcessGroup | None) -> Comm:
+        """A communicator over ``group`` (None: a world of one) that counts into this one."""
+        comm = Comm(group) if group is not None else Comm.local()
+        comm.parent = self
+        return comm
 
     @classmethod
     def local(cls) -> Comm:
         """A world of one even inside a process group: every collective is the identity (counted)."""
         comm = cls()
-        comm.distributed, comm.world_size, comm.rank = False, 1, 0
+        comm.distributed, comm.world_size, comm.rank, comm.group = False, 1, 0, None
         return comm
 
     def reset_traffic(self) -> Traffic:
         """Return the traffic counted so far and start counting afresh."""
-        done, self.traffic = self.traffic, Traffic()
+        if self.parent is not None:
+            return self.parent.reset_traffic()
+        done, self._traffic = self._traffic, Traffic()
         return done
 
     # -- collectives -----------------------------------------------------------
@@ -93,6 +121,44 @@ class Comm:
             with self.phases("communicate"):
                 dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=self.group)
         return flat
+
+    def reduce_scatter_mean(self, flat: torch.Tensor) -> torch.Tensor:
+        """This worker's 1/N of the average of ``flat`` over all workers (its length a multiple of N)."""
+        n = self.world_size
+        if flat.numel() % n:
+            raise ValueError(f"reduce_scatter_mean needs a length divisible by {n}, got {flat.numel()}")
+        nbytes = flat.numel() * flat.element_size()
+        # a reduce-scatter moves (N-1)/N of the buffer out of and into each worker
+        self.traffic.add(nbytes * (n - 1) // n, nbytes * (n - 1) // n)
+        if n == 1:
+            return flat
+        out = flat.new_empty(flat.numel() // n)
+        with self.phases("communicate"):
+            dist.reduce_scatter_tensor(out, flat, group=self.group)
+        return out.div_(n)
+
+    def all_to_all(self, buf: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Send ``buf[sum(counts[:j]) : ...][:counts[j]]`` to worker j (a 1-D tensor, any dtype); returns what the
+        workers sent here, in worker order, and how much came from each. Two collectives: the counts, the data."""
+        n = self.world_size
+        if len(counts) != n or sum(counts) != buf.numel():
+            raise ValueError(f"all_to_all wants {n} counts adding up to {buf.numel()}, got {counts}")
+        if n == 1:
+            self.traffic.add(0, 0)
+            return buf, list(counts)
+        sizes = torch.tensor(counts, dtype=torch.int64)
+        got = torch.empty_like(sizes)
+        self.traffic.add(8 * (n - 1), 8 * (n - 1))
+        with self.phases("communicate"):
+            dist.all_to_all_single(got, sizes, group=self.group)
+        recv_counts = got.tolist()
+        out = buf.new_empty(sum(recv_counts))
+        item = buf.element_size()
+        mine = counts[self.rank]
+        self.traffic.add((buf.numel() - mine) * item, (out.numel() - recv_counts[self.rank]) * item)
+        with self.phases("communicate"):
+            dist.all_to_all_single(out, buf, recv_counts, list(counts), group=self.group)
+        return out, recv_counts
 
     def allgather(self, buf: torch.Tensor) -> torch.Tensor:
         """Gather equal-sized 1-D tensors: returns ``[world_size, len(buf)]``."""

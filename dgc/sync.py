@@ -53,6 +53,7 @@ from dgc.compressors import Compressor
 from dgc.compressors.base import Item
 from dgc.compressors.dense import allreduce_dense
 from dgc.compressors.onebit import OneBit
+from dgc.exchange import EXCHANGES, Exchange, build_exchange
 from dgc.timing import Phases
 from dgc.wire import DTYPES
 
@@ -95,12 +96,21 @@ class SyncConfig:
     policy: Policy = field(default_factory=Policy)
     #: exchange through DDP's communication hook instead of after backward() (trainer)
     ddp_hook: bool = False
+    #: how the compressed tensors travel: flat | hierarchical | sparse_allreduce (:mod:`dgc.exchange`)
+    exchange: str = "flat"
+    #: ranks per machine for exchange=hierarchical (null: from the launcher, LOCAL_WORLD_SIZE or Slurm)
+    ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
         check_clip_norm(self.clip_norm)
+        if self.exchange not in EXCHANGES:
+            raise ValueError(f"sync.exchange must be one of {', '.join(EXCHANGES)}, got {self.exchange!r}")
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ValueError(f"sync.ranks_per_node must be >= 1 or null, got {self.ranks_per_node}")
 
     def build(self, model: Any, compressor: Compressor, comm: Comm | None = None) -> GradientSync:
-        return GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm)
+        return GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
+                            exchange=self.exchange, ranks_per_node=self.ranks_per_node)  # fmt: skip
 
 
 def check_clip_norm(clip_norm: Any) -> None:
@@ -166,6 +176,9 @@ class GradientSync:
         group: process group of the default ``Comm`` (None: the default group, or a single process).
         timing: time the phases (on CUDA this synchronizes the device at phase boundaries).
         check_finite: skip, on every worker, a step in which any worker's gradient is not finite.
+        exchange: how the compressed tensors travel (:mod:`dgc.exchange`): ``flat``, ``hierarchical``,
+            ``sparse_allreduce``, or an :class:`~dgc.exchange.Exchange`.
+        ranks_per_node: for ``hierarchical`` (None: from the launcher's environment).
     """
 
     def __init__(
@@ -179,6 +192,8 @@ class GradientSync:
         group: dist.ProcessGroup | None = None,
         timing: bool = True,
         check_finite: bool = True,
+        exchange: str | Exchange = "flat",
+        ranks_per_node: int | None = None,
     ):
         named = model.named_parameters() if isinstance(model, torch.nn.Module) else model
         self.params: list[tuple[str, torch.nn.Parameter]] = [(n, p) for n, p in named if p.requires_grad]
@@ -192,6 +207,11 @@ class GradientSync:
         self.clip_norm = clip_norm
         self.comm = comm if comm is not None else Comm(group)
         self.compressor.bind(self.comm)
+        self.exchange = (
+            exchange if isinstance(exchange, Exchange) else build_exchange(exchange, self.comm, ranks_per_node)
+        )
+        if not compressor.handles_all_tensors or self.exchange.name != "flat":
+            self.exchange.check(compressor)
         #: the exchange of the tensors left dense, when it keeps state (1-bit with error feedback)
         self.dense_compressor: OneBit | None = None
         if self.policy.dense_values == "1bit" and not compressor.handles_all_tensors:
@@ -284,7 +304,7 @@ class GradientSync:
         else:
             allreduce_dense(dense, self.comm, phases, DTYPES.get(self.policy.dense_values, torch.float32))
         dense_sent = self.comm.traffic.sent
-        self.compressor.exchange(compressed, self.comm, phases)
+        self.exchange.run(self.compressor, compressed, phases)
         return self._finish(pairs, compressed, phases, control, dense_sent, skipped, requests)
 
     def _agree(self, bad: bool) -> tuple[bool, tuple[str, ...]]:

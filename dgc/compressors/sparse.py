@@ -65,32 +65,38 @@ class SparseCompressor(Compressor):
         """Return ``(ascending positions, accumulator)`` and leave the residual for the rest."""
         raise NotImplementedError
 
+    def pick(
+        self, items: list[Item], phases: Phases
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Select every tensor's entries to send: ``(ascending positions, values, accumulators)`` per tensor. The
+        values leave the accumulators (what the wire's value type cannot carry stays in them)."""
+        density = self.density()
+        value_dtype = self.wire.value_dtype
+        values, positions, accumulators = [], [], []
+        for it in items:
+            idx, acc = self.select(it, density, phases)
+            val = acc[idx]
+            if value_dtype != torch.float32:
+                # fp16 overflows above 65504: send the largest finite value; the excess stays in the residual
+                limit = torch.finfo(value_dtype).max
+                val.clamp_(-limit, limit)
+                val = val.to(value_dtype).to(acc.dtype)
+                acc[idx] -= val  # the 16-bit rounding error and a clamped excess stay in the residual
+            else:
+                acc[idx] = 0
+            positions.append(idx)
+            values.append(val)
+            accumulators.append(acc)
+        phases.counters["values_sent"] += sum(v.numel() for v in values)
+        phases.counters["values_target"] += sum(target_count(it.grad.numel(), density) for it in items)
+        return positions, values, accumulators
+
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
         if not items:
             return
-        density = self.density()
-        value_dtype = self.wire.value_dtype
         with phases("compress"):
-            values, positions, accumulators = [], [], []
-            for it in items:
-                idx, acc = self.select(it, density, phases)
-                val = acc[idx]
-                if value_dtype != torch.float32:
-                    # fp16 overflows above 65504: send the largest finite value; the excess stays in the residual
-                    limit = torch.finfo(value_dtype).max
-                    val.clamp_(-limit, limit)
-                positions.append(idx)
-                values.append(val)
-                accumulators.append(acc)
+            positions, values, _ = self.pick(items, phases)
             message = wire.encode(values, positions, self.wire, [it.grad.numel() for it in items])
-            for idx, val, acc in zip(positions, values, accumulators):
-                if value_dtype != torch.float32:
-                    # what was not sent (16-bit rounding error, clamped excess) stays in the residual
-                    acc[idx] -= val.to(value_dtype).to(val.dtype)
-                else:
-                    acc[idx] = 0
-            phases.counters["values_sent"] += sum(v.numel() for v in values)
-            phases.counters["values_target"] += sum(target_count(it.grad.numel(), density) for it in items)
         rows, lengths = comm.allgather_bytes(message)
         with phases("decompress"):
             self.decompress(items, rows, lengths, comm.world_size)

@@ -1,0 +1,215 @@
+"""How a sparse compressor's selection travels between workers: ``flat``, ``hierarchical``, ``sparse_allreduce``.
+
+* ``flat`` (the paper's, the default): every worker allgathers every other worker's message; each
+  receives N messages of about k entries, so the traffic per worker grows with N.
+* ``hierarchical``: the ranks of a machine first average their gradients densely over the fast local
+  bus (a reduce-scatter: local rank i owns the i-th 1/R of the flattened compressed tensors), each
+  owner runs the compressor on its shard (momentum and residual live there; the selection cost is split
+  R ways) and exchanges it sparsely with the owners of the same shard on the other machines (a ``flat``
+  exchange among M machines), and the ranks of a machine share the result (an allgather). Each machine
+  is one DGC worker: the network carries M messages per shard instead of M * R. With one rank per
+  machine it is exactly ``flat``.
+* ``sparse_allreduce`` (after Ok-Topk, Li & Hoefler 2022): the flat index space of the compressed
+  tensors is cut into N regions, one per worker, with boundaries that follow where the previous step's
+  result fell (so every worker owns about as many entries). Every worker sends each owner the entries
+  it selected in that owner's region (an all-to-all), each owner sums what it received, keeps the
+  largest ``density`` of its region and shares them (an allgather), and every worker returns the values
+  it sent that were not kept to its residual: nothing is lost, only delayed (with momentum correction the
+momentum of a returned entry stays masked, as when it was sent). Each worker sends and
+  receives about 2k entries whatever N. Aggregation differs from ``flat``: the result holds about k
+  entries, the largest of the *sum* of the selections, where ``flat`` applies the union of all N
+  selections (up to N * k entries).
+
+Local clipping is per rank in all three (``clip_norm * sqrt(N)``, N the number of ranks): the average of
+a machine's R clipped gradients then has about the norm one machine-sized worker clipped at
+``clip_norm * sqrt(M)`` would have.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from dgc import wire
+from dgc.comm import Comm
+from dgc.compressors.base import Compressor, Item
+from dgc.compressors.sparse import SparseCompressor
+from dgc.select import target_count
+from dgc.timing import Phases
+from dgc.topology import Topology
+
+EXCHANGES = ("flat", "hierarchical", "sparse_allreduce")
+
+
+class Exchange:
+    """Runs a compressor's exchange of the compressed tensors over some communicators."""
+
+    name: ClassVar[str] = "flat"
+
+    def __init__(self, comm: Comm):
+        self.comm = comm
+
+    def check(self, compressor: Compressor) -> None:
+        """Refuse a compressor this exchange cannot carry (ValueError naming what can)."""
+
+    def run(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
+        compressor.exchange(items, self.comm, phases)
+
+
+def _flatten(items: list[Item], multiple: int) -> torch.Tensor:
+    flat = torch.cat([it.grad.view(-1) for it in items])
+    pad = -flat.numel() % multiple
+    return torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
+
+
+def _pieces(items: list[Item], lo: int, hi: int, shard: torch.Tensor) -> list[Item]:
+    """Items for the part of every tensor that falls in ``[lo, hi)`` of the flat space, as views of ``shard``.
+    A whole tensor keeps its name (so one rank per machine is exactly ``flat``); a part is ``name@start``."""
+    out, start = [], 0
+    for it in items:
+        n = it.grad.numel()
+        a, b = max(lo, start), min(hi, start + n)
+        if a < b:
+            name = it.name if (a, b) == (start, start + n) else f"{it.name}@{a - start}"
+            out.append(Item(name, it.param, shard[a - lo : b - lo], it.momentum, it.nesterov))
+        start += n
+    return out
+
+
+class Hierarchical(Exchange):
+    """Dense inside a machine, sparse between machines (see the module docstring)."""
+
+    name: ClassVar[str] = "hierarchical"
+
+    def __init__(self, comm: Comm, topology: Topology):
+        super().__init__(comm)
+        self.topology = topology
+        self.local = comm.sub(topology.local)
+        self.cross = comm.sub(topology.cross)
+
+    def check(self, compressor: Compressor) -> None:
+        if not isinstance(compressor, SparseCompressor):
+            raise ValueError(
+                f"exchange=hierarchical is for the sparse compressors (dgc, topk), not {compressor.name!r}"
+            )
+
+    def run(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
+        r = self.topology.ranks_per_node
+        if not items:
+            return
+        if r == 1:
+            compressor.exchange(items, self.cross, phases)
+            return
+        with phases("compress"):
+            flat = _flatten(items, r)
+        shard = self.local.reduce_scatter_mean(flat)  # this rank's 1/R of the machine's mean gradient
+        lo = self.topology.local_rank * shard.numel()
+        compressor.exchange(_pieces(items, lo, lo + shard.numel(), shard), self.cross, phases)
+        whole = self.local.allgather(shard).view(-1)  # every shard's average over the machines
+        with phases("decompress"):
+            start = 0
+            for it in items:
+                n = it.grad.numel()
+                it.grad.view(-1).copy_(whole[start : start + n])
+                start += n
+
+
+class SparseAllreduce(Exchange):
+    """Regions of the index space reduced at their owners, re-sparsified, shared (see the module docstring)."""
+
+    name: ClassVar[str] = "sparse_allreduce"
+
+    def __init__(self, comm: Comm):
+        super().__init__(comm)
+        self.bounds: torch.Tensor | None = None  # region boundaries in the flat space, N + 1 of them
+
+    def check(self, compressor: Compressor) -> None:
+        if not isinstance(compressor, SparseCompressor):
+            raise ValueError(
+                f"exchange=sparse_allreduce is for the sparse compressors (dgc, topk), not {compressor.name!r}"
+            )
+
+    def _regions(self, total: int, n: int, device: torch.device) -> torch.Tensor:
+        if self.bounds is None or int(self.bounds[-1]) != total or self.bounds.numel() != n + 1:
+            self.bounds = torch.linspace(0, total, n + 1, device=device).round().to(torch.int64)
+        return self.bounds
+
+    def _rebalance(self, kept: torch.Tensor, total: int, n: int) -> None:
+        """Boundaries at the quantiles of the positions just kept (known to every worker: all agree)."""
+        if kept.numel() < 2 * n:
+            return
+        q = torch.quantile(kept.double(), torch.linspace(0, 1, n + 1, dtype=torch.float64)[1:-1])
+        inner = q.round().to(torch.int64).clamp_(1, total - 1)
+        self.bounds = torch.cat([inner.new_zeros(1), inner, inner.new_tensor([total])])
+
+    def run(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
+        assert isinstance(compressor, SparseCompressor)
+        comm, n = self.comm, self.comm.world_size
+        if not items:
+            return
+        if n == 1:
+            compressor.exchange(items, comm, phases)
+            return
+        device = items[0].grad.device
+        sizes = torch.tensor([it.grad.numel() for it in items], dtype=torch.int64, device=device)
+        offsets = torch.cumsum(sizes, 0) - sizes
+        total = int(sizes.sum())
+        with phases("compress"):
+            positions, values, accumulators = compressor.pick(items, phases)
+            flat_pos = torch.cat([p + o for p, o in zip(positions, offsets.tolist())])
+            flat_val = torch.cat(values).float()
+            bounds = self._regions(total, n, device)
+            owner = torch.searchsorted(bounds, flat_pos, right=True) - 1
+            counts = torch.bincount(owner, minlength=n).tolist()  # positions are ascending: already by owner
+        got_pos, _ = comm.all_to_all(flat_pos, counts)
+        got_val, _ = comm.all_to_all(flat_val.to(compressor.wire.value_dtype), counts)
+        with phases("compress"):
+            lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+            uniq, inverse = torch.unique(got_pos, return_inverse=True)
+            summed = torch.zeros(uniq.numel(), dtype=torch.float32, device=device).index_add_(
+                0, inverse, got_val.float()
+            )
+            keep = min(uniq.numel(), target_count(hi - lo, compressor.density()) if hi > lo else 0)
+            top = torch.topk(summed.abs(), keep, sorted=False).indices if keep < uniq.numel() else None
+            kept_pos = uniq if top is None else uniq[top.sort().values]
+            kept_val = (summed if top is None else summed[top.sort().values]).div_(n)
+            # the sums go in fp32: a 16-bit rounding here would have no residual to stay in
+            fmt = wire.WireFormat("fp32", compressor.wire.indices)
+            message = wire.encode([kept_val], [kept_pos - lo], fmt, [max(hi - lo, 1)])
+        rows, lengths = comm.allgather_bytes(message)
+        with phases("decompress"):
+            parts = [wire.decode(rows[r, : lengths[r]], bounds[r : r + 1], fmt) for r in range(rows.shape[0])]
+            all_pos = torch.cat([p for p, _ in parts])
+            all_val = torch.cat([v for _, v in parts])
+            grads = [it.grad.view(-1) for it in items]
+            torch._foreach_zero_(grads)
+            tensor_of = torch.searchsorted(offsets, all_pos, right=True) - 1
+            for t, grad in enumerate(grads):
+                mine = tensor_of == t
+                if bool(mine.any()):
+                    grad.index_add_(0, all_pos[mine] - offsets[t], all_val[mine].to(grad.dtype))
+            # what this worker sent that no owner kept goes back to its residual
+            lost = ~torch.isin(flat_pos, all_pos)
+            if bool(lost.any()):
+                back_t = torch.searchsorted(offsets, flat_pos[lost], right=True) - 1
+                for t, acc in enumerate(accumulators):
+                    mine = back_t == t
+                    if bool(mine.any()):
+                        acc.index_add_(0, flat_pos[lost][mine] - offsets[t], flat_val[lost][mine].to(acc.dtype))
+            phases.counters["values_returned"] += int(lost.sum())
+            self._rebalance(all_pos, total, n)
+
+
+def build_exchange(name: str, comm: Comm, ranks_per_node: int | None = None) -> Exchange:
+    """The exchange ``name`` over ``comm``'s workers (the topology's groups are made here: call on every rank)."""
+    if name == "flat":
+        return Exchange(comm)
+    if name == "hierarchical":
+        return Hierarchical(comm, Topology.build(ranks_per_node))
+    if name == "sparse_allreduce":
+        return SparseAllreduce(comm)
+    raise ValueError(f"unknown exchange {name!r}; valid: {', '.join(EXCHANGES)}")
+
+
+__all__ = ["EXCHANGES", "Exchange", "Hierarchical", "SparseAllreduce", "build_exchange"]

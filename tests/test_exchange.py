@@ -1,0 +1,223 @@
+"""The exchanges of dgc.exchange on real gloo ranks: hierarchical (dense in a machine, sparse between) and the
+sparse allreduce (regions reduced at owners), against the flat exchange and against plain averaging."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import dgc
+from dgc.topology import Topology
+from tests.multiproc import run
+from tests.test_sync_dist import local_backward, make_model, params
+
+
+def _train(rank: int, exchange: str, name: str, kwargs: dict, steps: int, r: int | None = None, **sync_kw):
+    model = make_model()
+    comp = dgc.build_compressor(name, **kwargs)
+    sync = dgc.GradientSync(model, comp, exchange=exchange, ranks_per_node=r, **sync_kw)
+    opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9)
+    losses, stats = [], []
+    for step in range(steps):
+        sync.set_epoch(step / 8)
+        losses.append(float(local_backward(model, rank, step % 4)))
+        stats.append(sync.step())
+        opt.step()
+    return model, sync, losses, stats
+
+
+# -- topology -------------------------------------------------------------------------------------------
+
+
+def _topology(rank: int, world: int) -> tuple:
+    t = Topology.build(2)
+    x = torch.tensor([float(rank)])
+    dist.all_reduce(x, group=t.local)
+    y = torch.tensor([float(rank)])
+    dist.all_reduce(y, group=t.cross)
+    return t.machine, t.local_rank, t.machines, float(x), float(y)
+
+
+def test_topology_groups_machines_and_shards():
+    outs = run(_topology, 4)
+    # machines {0, 1} and {2, 3}; the cross groups pair equal local ranks: {0, 2} and {1, 3}
+    assert outs == [(0, 0, 2, 1.0, 2.0), (0, 1, 2, 1.0, 4.0), (1, 0, 2, 5.0, 2.0), (1, 1, 2, 5.0, 4.0)]
+
+
+# -- hierarchical ---------------------------------------------------------------------------------------
+
+
+def _one_rank_per_machine(rank: int, world: int) -> dict:
+    kwargs = {"density": 0.05, "warmup_epochs": 0.5}
+    out = {}
+    for exchange in ("flat", "hierarchical"):
+        model, sync, losses, _ = _train(rank, exchange, "dgc", kwargs, 10, r=1)
+        out[exchange] = (params(model), sync.state_dict(), losses)
+    return out
+
+
+def test_hierarchical_with_one_rank_per_machine_is_exactly_flat():
+    for out in run(_one_rank_per_machine, 2):
+        (fp, fs, fl), (hp, hs, hl) = out["flat"], out["hierarchical"]
+        assert fl == hl
+        for a, b in zip(fp, hp, strict=True):
+            assert torch.equal(a, b)
+        for n, slot in fs["compressor"]["tensors"].items():
+            for k, t in slot.items():
+                assert torch.equal(t, hs["compressor"]["tensors"][n][k])
+
+
+def _dense_equivalent(rank: int, world: int) -> dict:
+    # at density 1 without momentum correction every entry is sent: the exchange is an exact average
+    kwargs = {"density": 1.0, "momentum_correction": False}
+    model, _, _, stats = _train(rank, "hierarchical", "dgc", kwargs, 5, r=2)
+    ref = make_model()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    for step in range(5):
+        local_backward(ref, rank, step % 4)
+        for p in ref.parameters():
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+        opt.step()
+    return {"hier": params(model), "ref": params(ref), "collectives": stats[-1].collectives}
+
+
+def test_hierarchical_averages_exactly_at_density_one():
+    outs = run(_dense_equivalent, 4)
+    for out in outs:
+        for a, b in zip(out["hier"], out["ref"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(outs[0]["hier"], outs[3]["hier"], strict=True):
+        assert torch.equal(a, b)  # every rank the same
+
+
+def _hier_train_resume(rank: int, world: int) -> dict:
+    kwargs = {"density": 0.05, "warmup_epochs": 0.5}
+
+    def build():
+        model = make_model()
+        sync = dgc.GradientSync(model, dgc.build_compressor("dgc", **kwargs), exchange="hierarchical", ranks_per_node=2)
+        return model, sync, dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9)
+
+    def train(model, sync, opt, steps):
+        losses = []
+        for step in steps:
+            sync.set_epoch(step / 8)
+            losses.append(float(local_backward(model, rank, step % 4)))
+            sync.step()
+            opt.step()
+        return losses
+
+    model, sync, opt = build()
+    losses = train(model, sync, opt, range(8))
+    saved = copy.deepcopy((model.state_dict(), opt.state_dict(), sync.state_dict()))
+    losses += train(model, sync, opt, range(8, 16))
+    model2, sync2, opt2 = build()
+    model2.load_state_dict(saved[0])
+    opt2.load_state_dict(saved[1])
+    sync2.load_state_dict(saved[2])
+    train(model2, sync2, opt2, range(8, 16))
+    names = sorted(saved[2]["compressor"]["tensors"])
+    return {"params": params(model), "resumed": params(model2), "losses": losses, "names": names}
+
+
+def test_hierarchical_trains_and_keeps_every_rank_identical():
+    outs = run(_hier_train_resume, 4)
+    for out in outs[1:]:
+        for a, b in zip(outs[0]["params"], out["params"], strict=True):
+            assert torch.equal(a, b)
+    assert sum(outs[0]["losses"][-4:]) < sum(outs[0]["losses"][:4])
+    # local rank 0 owns the first half of the flat compressed tensors, local rank 1 the second
+    assert outs[0]["names"] == outs[2]["names"] and outs[1]["names"] == outs[3]["names"]
+    assert set(outs[0]["names"]).isdisjoint(outs[1]["names"]) and any("@" in n for n in outs[1]["names"])
+    for out in outs:  # this rank's shard state, saved and loaded, continues the identical trajectory
+        for a, b in zip(out["params"], out["resumed"], strict=True):
+            assert torch.equal(a, b)
+
+
+def _wrong_compressor(rank: int, world: int) -> str:
+    try:
+        dgc.GradientSync(make_model(), dgc.build_compressor("powersgd"), exchange="hierarchical")
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def test_only_sparse_compressors_take_the_new_exchanges():
+    assert "sparse compressors" in run(_wrong_compressor, 2)[0]
+    with pytest.raises(ValueError, match="valid: flat, hierarchical, sparse_allreduce"):
+        dgc.GradientSync(make_model(), dgc.build_compressor("dgc"), exchange="ring")
+
+
+# -- sparse allreduce -----------------------------------------------------------------------------------
+
+
+def _conservation(rank: int, world: int) -> dict:
+    """topk keeps a residual and no momentum: sum over workers of (residual + N * applied) == sum of inputs."""
+    model = make_model()
+    sync = dgc.GradientSync(model, dgc.build_compressor("topk", density=0.05), exchange="sparse_allreduce")
+    grads, applied = [], []
+    for step in range(6):
+        local_backward(model, rank, step)
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+        sync.step()
+        applied.append([p.grad.detach().clone() for p in model.parameters()])
+    residual = {n: s["residual"].clone() for n, s in sync.compressor.state.items()}
+    names = [n for n, _ in sync.params]
+    return {"grads": grads, "applied": applied, "residual": residual, "names": names, "last": sync.last}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sparse_allreduce_loses_nothing_and_agrees(world):
+    outs = run(_conservation, world)
+    names = outs[0]["names"]
+    for i, name in enumerate(names):
+        if name not in outs[0]["residual"]:  # biases go dense
+            continue
+        total_in = sum(sum(g[i] for g in o["grads"]) for o in outs)
+        applied = sum(a[i] for a in outs[0]["applied"])
+        left = sum(o["residual"][name].view_as(applied) for o in outs)
+        assert bool(applied.abs().sum() > 0) and bool(left.abs().sum() > 0)  # some sent, some kept back
+        torch.testing.assert_close(left + world * applied, total_in, rtol=1e-4, atol=1e-5)
+        for o in outs[1:]:  # every worker applies the same
+            assert all(torch.equal(a[i], b[i]) for a, b in zip(outs[0]["applied"], o["applied"]))
+    stats = outs[0]["last"]
+    # about k entries kept per tensor (per region), where flat would apply up to N * k
+    assert stats.counters.get("values_returned", 0) > 0
+
+
+def _traffic(rank: int, world: int) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(400, 500), torch.nn.Linear(500, 10))
+    out = {}
+    for exchange in ("flat", "sparse_allreduce"):
+        sync = dgc.GradientSync(model, dgc.build_compressor("topk", density=0.01), exchange=exchange)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=gen)
+            stats = sync.step()
+        out[exchange] = stats.recv_bytes
+    return out
+
+
+def test_sparse_allreduce_traffic_does_not_grow_with_the_workers():
+    two, four = run(_traffic, 2)[0], run(_traffic, 4)[0]
+    assert four["flat"] > 2.5 * two["flat"]  # the allgather: N - 1 messages
+    assert four["sparse_allreduce"] < 1.5 * two["sparse_allreduce"]
+
+
+def _sa_train(rank: int, world: int) -> dict:
+    model, sync, losses, _ = _train(rank, "sparse_allreduce", "dgc", {"density": 0.05, "warmup_epochs": 0.5}, 16)
+    return {"params": params(model), "losses": losses}
+
+
+def test_sparse_allreduce_trains_dgc_identically_on_every_rank():
+    outs = run(_sa_train, 4)
+    for out in outs[1:]:
+        for a, b in zip(outs[0]["params"], out["params"], strict=True):
+            assert torch.equal(a, b)
+    assert sum(outs[0]["losses"][-4:]) < sum(outs[0]["losses"][:4])
