@@ -37,10 +37,15 @@ class Traffic:
     sent: int = 0
     recv: int = 0
     collectives: int = 0
+    #: what went over a machine's own bus (a local communicator's collectives): not in ``sent``/``recv``
+    local_sent: int = 0
 
-    def add(self, sent: int, recv: int) -> None:
-        self.sent += int(sent)
-        self.recv += int(recv)
+    def add(self, sent: int, recv: int, local: bool = False) -> None:
+        if local:
+            self.local_sent += int(sent)
+        else:
+            self.sent += int(sent)
+            self.recv += int(recv)
         self.collectives += 1
 
 
@@ -58,6 +63,7 @@ class Comm:
         self._traffic = Traffic()
         self._phases = Phases()
         self.parent: Comm | None = None
+        self.local_bus = False  # a machine-local communicator: its bytes are counted apart
 
     @property
     def traffic(self) -> Traffic:
@@ -75,11 +81,16 @@ class Comm:
         else:
             self._phases = value
 
-    def sub(self, group: dist.ProcessGroup | None) -> Comm:
-        """A communicator over ``group`` (None: a world of one) that counts into this one."""
+    def sub(self, group: dist.ProcessGroup | None, local_bus: bool = False) -> Comm:
+        """A communicator over ``group`` (None: a world of one) that counts into this one; ``local_bus``: its
+        ranks share a machine, and its bytes count as ``Traffic.local_sent``, not as network traffic."""
         comm = Comm(group) if group is not None else Comm.local()
         comm.parent = self
+        comm.local_bus = local_bus
         return comm
+
+    def _count(self, sent: int, recv: int) -> None:
+        self.traffic.add(sent, recv, local=self.local_bus)
 
     @classmethod
     def local(cls) -> Comm:
@@ -102,7 +113,7 @@ class Comm:
         16-bit buffers are divided before the sum so that it cannot overflow.
         """
         nbytes = flat.numel() * flat.element_size()
-        self.traffic.add(nbytes, nbytes if self.world_size > 1 else 0)
+        self._count(nbytes, nbytes if self.world_size > 1 else 0)
         if self.world_size > 1:
             pre_divide = flat.element_size() < 4
             if pre_divide:
@@ -116,7 +127,7 @@ class Comm:
     def allreduce_max_(self, flat: torch.Tensor) -> torch.Tensor:
         """Element-wise maximum over all workers, in place."""
         nbytes = flat.numel() * flat.element_size()
-        self.traffic.add(nbytes, nbytes if self.world_size > 1 else 0)
+        self._count(nbytes, nbytes if self.world_size > 1 else 0)
         if self.world_size > 1:
             with self.phases("communicate"):
                 dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=self.group)
@@ -129,7 +140,7 @@ class Comm:
             raise ValueError(f"reduce_scatter_mean needs a length divisible by {n}, got {flat.numel()}")
         nbytes = flat.numel() * flat.element_size()
         # a reduce-scatter moves (N-1)/N of the buffer out of and into each worker
-        self.traffic.add(nbytes * (n - 1) // n, nbytes * (n - 1) // n)
+        self._count(nbytes * (n - 1) // n, nbytes * (n - 1) // n)
         if n == 1:
             return flat
         out = flat.new_empty(flat.numel() // n)
@@ -144,18 +155,18 @@ class Comm:
         if len(counts) != n or sum(counts) != buf.numel():
             raise ValueError(f"all_to_all wants {n} counts adding up to {buf.numel()}, got {counts}")
         if n == 1:
-            self.traffic.add(0, 0)
+            self._count(0, 0)
             return buf, list(counts)
         sizes = torch.tensor(counts, dtype=torch.int64)
         got = torch.empty_like(sizes)
-        self.traffic.add(8 * (n - 1), 8 * (n - 1))
+        self._count(8 * (n - 1), 8 * (n - 1))
         with self.phases("communicate"):
             dist.all_to_all_single(got, sizes, group=self.group)
         recv_counts = got.tolist()
         out = buf.new_empty(sum(recv_counts))
         item = buf.element_size()
         mine = counts[self.rank]
-        self.traffic.add((buf.numel() - mine) * item, (out.numel() - recv_counts[self.rank]) * item)
+        self._count((buf.numel() - mine) * item, (out.numel() - recv_counts[self.rank]) * item)
         with self.phases("communicate"):
             dist.all_to_all_single(out, buf, recv_counts, list(counts), group=self.group)
         return out, recv_counts
@@ -163,7 +174,7 @@ class Comm:
     def allgather(self, buf: torch.Tensor) -> torch.Tensor:
         """Gather equal-sized 1-D tensors: returns ``[world_size, len(buf)]``."""
         nbytes = buf.numel() * buf.element_size()
-        self.traffic.add(nbytes, nbytes * (self.world_size - 1))
+        self._count(nbytes, nbytes * (self.world_size - 1))
         if self.world_size == 1:
             return buf.unsqueeze(0)
         out = buf.new_empty((self.world_size, buf.numel()))
@@ -181,7 +192,7 @@ class Comm:
         if buf.dtype != torch.uint8 or buf.dim() != 1:
             raise ValueError("allgather_bytes takes a 1-D uint8 tensor")
         if self.world_size == 1:
-            self.traffic.add(buf.numel(), 0)
+            self._count(buf.numel(), 0)
             return buf.unsqueeze(0), [buf.numel()]
         length = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
         lengths = self.allgather(length).view(-1).tolist()

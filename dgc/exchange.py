@@ -85,7 +85,7 @@ class Hierarchical(Exchange):
     def __init__(self, comm: Comm, topology: Topology):
         super().__init__(comm)
         self.topology = topology
-        self.local = comm.sub(topology.local)
+        self.local = comm.sub(topology.local, local_bus=True)
         self.cross = comm.sub(topology.cross)
 
     def check(self, compressor: Compressor) -> None:

@@ -153,6 +153,8 @@ class StepStats:
     requests: tuple[str, ...] = ()
     #: the agreement on non-finite gradients and requests (one byte per flag; not part of ``sent_bytes``)
     control_bytes: int = 0
+    #: bytes this worker put on its machine's local bus (exchange=hierarchical; not part of ``sent_bytes``)
+    local_bytes: int = 0
 
     @property
     def wire_ratio(self) -> float:
@@ -335,6 +337,7 @@ class GradientSync:
             skipped=skipped,
             requests=requests,
             control_bytes=control,
+            local_bytes=traffic.local_sent,
         )
         return self.last
 

@@ -265,6 +265,13 @@ def main() -> None:
         launch(nproc, restarts, args)
     sys.argv = [sys.argv[0], *args]
     _main()
+    if _world_size() > 1:
+        # every rank passed the final barrier and left the process group; skip the C++ static destructors,
+        # where gloo's threads can abort a finished worker ("terminate called without an active exception")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

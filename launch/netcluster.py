@@ -15,10 +15,13 @@ What it builds (as root; standard library only, it drives ``ip`` and ``tc`` from
   node sends) and on ``port<i>`` (what the switch sends to the node), like a full-duplex port of a
   switch at ``<rate>``. There is no delay emulation (netem is not available everywhere);
 
-then starts, in namespace i, ``<command>`` with ``RANK=i WORLD_SIZE=N LOCAL_RANK=0
-LOCAL_WORLD_SIZE=1 MASTER_ADDR=<rank 0's address> MASTER_PORT=<port> OMP_NUM_THREADS=<threads>
-GLOO_SOCKET_IFNAME=veth<i>`` (plus ``NETCLUSTER_NODES`` and ``NETCLUSTER_RATE``), the environment
-``torchrun`` gives, so ``python -m dgc.train`` and anything reading those variables runs unchanged.
+then starts, in namespace i, ``--ranks-per-node R`` copies of ``<command>`` with ``RANK=i*R+l
+WORLD_SIZE=N*R LOCAL_RANK=l LOCAL_WORLD_SIZE=R GROUP_RANK=i MASTER_ADDR=<node 0's address>
+MASTER_PORT=<port> OMP_NUM_THREADS=<threads> GLOO_SOCKET_IFNAME=veth<i>`` (plus ``NETCLUSTER_NODES``,
+``NETCLUSTER_RATE`` and ``NETCLUSTER_NAMESPACE``), the environment ``torchrun`` gives, so ``python -m
+dgc.train`` and anything reading those variables runs unchanged. The ranks of a node share its namespace
+and its address: between them traffic takes the namespace's loopback, unshaped (a machine's fast bus);
+only the links between nodes are shaped.
 
 It waits for every rank. When a rank fails, the others get ``--grace`` seconds to finish, then are
 stopped (SIGTERM, then SIGKILL). It always removes what it created (the namespaces, and with them
@@ -110,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one rank per network namespace, joined by a bridge with shaped links (see the docstring).",
         usage="%(prog)s [options] -- command [args ...]",
     )
-    p.add_argument("--nodes", type=nodes_arg, default=4, help="number of nodes/ranks (default: 4)")
+    p.add_argument("--nodes", type=nodes_arg, default=4, help="number of nodes (default: 4)")
+    p.add_argument("--ranks-per-node", type=nodes_arg, default=1, help="ranks in each node (default: 1)")
     p.add_argument("--rate", type=rate_arg, default="1gbit", help="link rate per direction, tc syntax (default: 1gbit)")
     p.add_argument("--burst", default="512kb", help="tbf burst (default: 512kb)")
     p.add_argument("--latency", default="100ms", help="tbf latency, i.e. queue limit (default: 100ms)")
@@ -129,8 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
 class Cluster:
     """Names, addresses and the ip/tc commands of one emulated cluster."""
 
-    def __init__(self, nodes: int, rate: str, burst: str, latency: str, subnet: str, prefix: str, pid: int):
+    def __init__(
+        self, nodes: int, rate: str, burst: str, latency: str, subnet: str, prefix: str, pid: int, per_node: int = 1
+    ):
         self.nodes, self.rate, self.burst, self.latency = nodes, rate, burst, latency
+        self.per_node = per_node
         self.subnet, self.prefix, self.pid = subnet, prefix, pid
         self.tag = f"{prefix}{pid}"
         self.hub = f"{self.tag}-hub"
@@ -174,12 +181,16 @@ class Cluster:
                 cmds += [(None, self.shape(ns, dev)), (None, self.shape(hub, port))]
         return cmds
 
-    def rank_env(self, i: int, port: int, threads: int) -> dict[str, str]:
+    def ranks(self) -> list[tuple[int, int]]:
+        """``(node, local rank)`` of every rank, in rank order."""
+        return [(i, local) for i in range(self.nodes) for local in range(self.per_node)]
+
+    def rank_env(self, i: int, port: int, threads: int, local: int = 0) -> dict[str, str]:
         return {
-            "RANK": str(i),
-            "WORLD_SIZE": str(self.nodes),
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
+            "RANK": str(i * self.per_node + local),
+            "WORLD_SIZE": str(self.nodes * self.per_node),
+            "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(self.per_node),
             "GROUP_RANK": str(i),
             "MASTER_ADDR": self.addr(0),
             "MASTER_PORT": str(port),
@@ -329,12 +340,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cleanup_stale(args.prefix)
     if not command:
         parser.error("no command given: put it after --, e.g. -- python -c 'print(1)'")
-    cluster = Cluster(args.nodes, args.rate, args.burst, args.latency, args.subnet, args.prefix, os.getpid())
+    cluster = Cluster(
+        args.nodes, args.rate, args.burst, args.latency, args.subnet, args.prefix, os.getpid(), args.ranks_per_node
+    )
     if args.dry_run:
         for _, cmd in cluster.setup_commands():
             print(shlex.join(cmd))
-        for i in range(args.nodes):
-            env = [f"{k}={v}" for k, v in cluster.rank_env(i, args.port, args.threads).items()]
+        for i, local in cluster.ranks():
+            env = [f"{k}={v}" for k, v in cluster.rank_env(i, args.port, args.threads, local).items()]
             print(shlex.join(cluster.rank_argv(i, ["env", *env, *command])))
         for ns in [cluster.ns(i) for i in reversed(range(args.nodes))] + [cluster.hub]:
             print(shlex.join(["ip", "netns", "del", ns]))
@@ -353,11 +366,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cluster.setup()
         log(
-            f"{args.nodes} node(s) {cluster.ns(0)}..{cluster.ns(args.nodes - 1)}, "
+            f"{args.nodes} node(s) of {args.ranks_per_node} rank(s) {cluster.ns(0)}..{cluster.ns(args.nodes - 1)}, "
             f"{args.rate} per link and direction, master {cluster.addr(0)}:{args.port}"
         )
-        for i in range(args.nodes):
-            env = dict(os.environ, **cluster.rank_env(i, args.port, args.threads))
+        for i, local in cluster.ranks():
+            env = dict(os.environ, **cluster.rank_env(i, args.port, args.threads, local))
             procs.append(subprocess.Popen(cluster.rank_argv(i, command), env=env, start_new_session=True))
         status = wait_ranks(procs, args.grace)
     except Interrupted as e:

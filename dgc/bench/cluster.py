@@ -124,7 +124,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nodes", type=nodes_arg, default=4, help="ranks, one per namespace (default: 4)")
+    p.add_argument("--nodes", type=nodes_arg, default=4, help="machines, one namespace each (default: 4)")
+    p.add_argument("--ranks-per-node", type=nodes_arg, default=1, help="ranks per machine (default: 1)")
     p.add_argument("--rate", default="1gbit", help="link rate per direction, tc syntax (default: 1gbit)")
     p.add_argument("--model", choices=MODELS, default="resnet50", help="parameter shapes (default: resnet50)")
     p.add_argument("--steps", type=positive_int_arg, default=5, help="timed steps per method; medians (default: 5)")
@@ -163,7 +164,8 @@ def default_out(args: argparse.Namespace) -> str:
 def worker_argv(args: argparse.Namespace, methods: list[str], raw: Path) -> list[str]:
     argv = [
         sys.executable, "-m", "dgc.bench", "cluster",
-        "--nodes", str(args.nodes), "--rate", args.rate, "--model", args.model,
+        "--nodes", str(args.nodes), "--ranks-per-node", str(args.ranks_per_node), "--rate", args.rate,
+        "--model", args.model,
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--methods", ",".join(methods),
         "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--seed", str(args.seed),
         "--worker", "--worker-out", str(raw),
@@ -182,7 +184,8 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dgc-cluster-") as tmp:
         raw = Path(tmp) / "result.json"
         cmd = [
-            sys.executable, str(NETCLUSTER), "--nodes", str(args.nodes), "--rate", args.rate,
+            sys.executable, str(NETCLUSTER), "--nodes", str(args.nodes), "--ranks-per-node", str(args.ranks_per_node),
+            "--rate", args.rate,
             "--threads", str(args.threads), "--", *worker_argv(args, methods, raw),
         ]  # fmt: skip
         log(f"cluster: {' '.join(cmd[1:6])} ... ({len(methods)} methods, model {args.model})")
@@ -283,15 +286,18 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
     last: dict[str, Any] = {}
     if info.is_main:
         log(f"cluster: {args.model} {total} values, {info.world_size} ranks at {args.rate}, methods {methods}")
+    link = NodeLink()
     for step in range(args.warmup + args.steps):
         torch.randn(total, generator=gen, out=fresh)
         order = methods[step % len(methods) :] + methods[: step % len(methods)]
         for name in order:
             grad_buf.copy_(fresh)
             dist.barrier()
+            before = link.sent()
             t0 = time.perf_counter()
             stats = syncs[name].step()
             wall = time.perf_counter() - t0
+            dist.barrier()  # every rank of the machine has sent what it sends
             if step >= args.warmup:
                 records[name].append(
                     {
@@ -299,15 +305,22 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
                         "compress_s": stats.compress_s,
                         "communicate_s": stats.communicate_s,
                         "decompress_s": stats.decompress_s,
+                        "internode_bytes": float(link.sent() - before),
                     }
                 )
             last[name] = stats
         if info.is_main:
             log(f"  step {step + 1}/{args.warmup + args.steps}" + (" (warm-up)" if step < args.warmup else ""))
     gathered: list[Any] = [None] * info.world_size
-    dist.all_gather_object(gathered, {"records": records, "sent": {m: last[m].sent_bytes for m in methods}})
+    mine = {"records": records, "sent": {m: last[m].sent_bytes for m in methods},
+            "recv": {m: last[m].recv_bytes for m in methods}, "link": link.measures}  # fmt: skip
+    dist.all_gather_object(gathered, mine)
     per_rank = [g["records"] for g in gathered]
     summary = _summarize(per_rank, methods, ["exchange_s", "compress_s", "communicate_s", "decompress_s"])
+    nodes = [g for g in gathered if g["link"]]  # local rank 0 of each machine read its link
+    for m in methods:
+        per_node = [statistics.median(r["internode_bytes"] for r in g["records"][m]) for g in nodes]
+        summary[m]["internode_bytes"] = statistics.mean(per_node) if per_node else None
     base = summary.get("none", {}).get("exchange_s")
     half = summary.get("fp16", {}).get("exchange_s")
     for name in methods:
@@ -321,6 +334,8 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
             sent_bytes_max_rank=max(g["sent"][name] for g in gathered),
             dense_sent_bytes=stats.dense_sent_bytes,
             recv_bytes=stats.recv_bytes,
+            recv_bytes_max_rank=max(g["recv"][name] for g in gathered),
+            exchange=specs[name].sync.exchange,
             dense_bytes=stats.dense_bytes,
             wire_ratio=stats.dense_bytes / stats.sent_bytes if stats.sent_bytes else None,
             collectives=stats.collectives,
@@ -339,9 +354,27 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
     }
 
 
+class NodeLink:
+    """Bytes this machine sent over its shaped link (the namespace's veth, from /sys), read by local rank 0."""
+
+    def __init__(self) -> None:
+        iface = os.environ.get("GLOO_SOCKET_IFNAME", "")
+        path = Path(f"/sys/class/net/{iface}/statistics/tx_bytes")
+        self.path = path if iface and os.environ.get("LOCAL_RANK", "0") == "0" and path.exists() else None
+
+    @property
+    def measures(self) -> bool:
+        return self.path is not None
+
+    def sent(self) -> int:
+        return int(self.path.read_text()) if self.path is not None else 0
+
+
 def _setup(args: argparse.Namespace, info) -> dict[str, Any]:  # noqa: ANN001
     """The fields both modes record about how they ran."""
     return {
+        "machines": info.world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))),
+        "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         "nodes": info.world_size,
         "rate": args.rate,
         "threads_per_rank": args.threads,
