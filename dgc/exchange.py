@@ -6,7 +6,8 @@
   bus (a reduce-scatter: local rank i owns the i-th 1/R of the flattened compressed tensors), each
   owner runs the compressor on its shard (momentum and residual live there; the selection cost is split
   R ways) and exchanges it sparsely with the owners of the same shard on the other machines (a ``flat``
-  exchange among M machines), and the ranks of a machine share the result (an allgather). Each machine
+  exchange among M machines), and the ranks of a machine share the result's nonzero entries (an allgather
+  of about M * k / R entries per rank, not of the dense shard). Each machine
   is one DGC worker: the network carries M messages per shard instead of M * R. With one rank per
   machine it is exactly ``flat``.
 * ``sparse_allreduce`` (after Ok-Topk, Li & Hoefler 2022): the flat index space of the compressed
@@ -106,12 +107,23 @@ class Hierarchical(Exchange):
         shard = self.local.reduce_scatter_mean(flat)  # this rank's 1/R of the machine's mean gradient
         lo = self.topology.local_rank * shard.numel()
         compressor.exchange(_pieces(items, lo, lo + shard.numel(), shard), self.cross, phases)
-        whole = self.local.allgather(shard).view(-1)  # every shard's average over the machines
+        # the shard now holds its average over the machines: sparse (the union of M selections), so the
+        # ranks of a machine share its nonzero entries (fp32, exact) rather than the dense shard
+        with phases("compress"):
+            pos = shard.nonzero().view(-1)
+            fmt = wire.WireFormat("fp32", compressor.wire.indices)
+            message = wire.encode([shard[pos]], [pos], fmt, [shard.numel()])
+        rows, lengths = self.local.allgather_bytes(message)
         with phases("decompress"):
+            flat.zero_()
+            for j in range(rows.shape[0]):
+                start = torch.tensor([j * shard.numel()], device=flat.device)
+                at, values = wire.decode(rows[j, : lengths[j]], start, fmt)
+                flat[at] = values.to(flat.dtype)
             start = 0
             for it in items:
                 n = it.grad.numel()
-                it.grad.view(-1).copy_(whole[start : start + n])
+                it.grad.view(-1).copy_(flat[start : start + n])
                 start += n
 
 
