@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Debian packages holding the offline data sets (installed when root with apt)
 DEB_DATA := dataset-fashion-mnist bible-kjv-text bible-kjv espeak-ng pocketsphinx-testdata
 
-.PHONY: help install demo data test test-all lint format bench bench-cluster chaos clean
+.PHONY: help install demo data test test-all lint format bench bench-cluster gpu-check chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -66,8 +66,14 @@ bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/perform
 	$(CLUSTER) --nodes 4 --model lstm --steps 5 --methods none,fp16,powersgd,dgc,dgc_compact \
 	  --out results/bench/cluster_lstm.json
 	$(CLUSTER) --e2e --nodes 4 --steps 8 --batch-size 32 --out results/bench/cluster_e2e.json
+	$(CLUSTER) --nodes 4 --ranks-per-node 2 $(RN50) --methods none,dgc,dgc_hierarchical --out results/bench/cluster_4x2.json
+	for n in 2 4 8; do $(CLUSTER) --nodes $$n $(RN50) --methods none,dgc,dgc_sparse_allreduce \
+	  --out results/bench/cluster_sar_$${n}x1.json || exit 1; done
 	$(PY) -m dgc.costmodel results/bench/cluster_n2.json results/bench/cluster.json results/bench/cluster_n8.json \
 	  --out results/bench/costmodel.json
+
+gpu-check: install ## (GPU machine) the whole GPU check in one command, ~8 min: gpu tests, every task on CUDA, compress timing, cluster bench; results/gpu/
+	$(PY) -m dgc.bench gpu --out-dir results/gpu
 
 chaos: install ## one 2-rank run hit by random faults and relaunched, against the same run left alone (~15 min); results/reliability/
 	$(PY) -m dgc.repro.chaos --out results/reliability

@@ -1,11 +1,13 @@
-"""Benchmarks: ``python -m dgc.bench {select,wire,cluster}``.
+"""Benchmarks: ``python -m dgc.bench {select,wire,cluster,gpu}``.
 
 * ``select``: DGC's compression step on one large tensor against exact top-k and
   one plain memory pass, interleaved in one run (:mod:`dgc.bench.select`);
 * ``wire``: bytes per step of every compressor on a torchvision model's
   gradient shapes, in a single process (:mod:`dgc.bench.wire`);
 * ``cluster``: exchange time of every method (or real training steps, ``--e2e``) on an
-  emulated cluster of network namespaces with shaped links; needs root (:mod:`dgc.bench.cluster`).
+  emulated cluster of network namespaces with shaped links; needs root (:mod:`dgc.bench.cluster`);
+* ``gpu``: the whole GPU check in one command, ``make gpu-check`` (:mod:`dgc.bench.gpu`; JSON files
+  and a summary under ``--out-dir``; ``--self-test`` runs it on the CPU).
 
 Each prints one JSON object on stdout and writes the same text, atomically, to
 ``runs/bench/<name>.json`` (``--out`` overrides, e.g. ``results/bench/...`` as the Makefile does;
@@ -19,10 +21,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dgc.bench import cluster, select, wire
+from dgc.bench import cluster, gpu, select, wire
 from dgc.bench.common import BenchError, OneLineParser
 
-COMMANDS = {"select": select, "wire": wire, "cluster": cluster}
+COMMANDS = {"select": select, "wire": wire, "cluster": cluster, "gpu": gpu}
 
 
 def build_parser() -> OneLineParser:
