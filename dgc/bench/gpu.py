@@ -158,9 +158,9 @@ def part_tasks(ctx: Context) -> dict[str, Any]:
             cmd = [*train, f"task={task}", f"data.root={root}", *TINY, f"run_dir={runs / task}"]
             rows.append({"name": task, **_run(cmd, ctx.left(), ROOT, env)})
         fm = ["task=fmnist_resnet20", f"data.root={roots['fmnist_resnet20']}", *TINY[1:]]
-        hook = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m", "dgc.train", "compression=dgc",
-                "train.progress=false", "sync.ddp_hook=true", *device, *fm, "train.max_steps=2",
-                f"run_dir={runs / 'hook'}"]  # fmt: skip
+        run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m", "dgc.train"]
+        hook = [*run, "compression=dgc", "train.progress=false", "sync.ddp_hook=true", *device, *fm,
+                "train.max_steps=2", f"run_dir={runs / 'hook'}"]  # fmt: skip
         rows.append({"name": "ddp_hook_world_1", **_run(hook, ctx.left(), ROOT, env)})
         first = [*train, *fm, "train.max_steps=4", "train.checkpoint_every=2", f"run_dir={runs / 'resume'}"]
         a = _run(first, ctx.left(), ROOT, env)
