@@ -69,8 +69,8 @@ bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/perform
 	$(CLUSTER) --nodes 4 --ranks-per-node 2 $(RN50) --methods none,dgc,dgc_hierarchical --out results/bench/cluster_4x2.json
 	for n in 2 4 8; do $(CLUSTER) --nodes $$n $(RN50) --methods none,dgc,dgc_sparse_allreduce \
 	  --out results/bench/cluster_sar_$${n}x1.json || exit 1; done
-	$(PY) -m dgc.costmodel results/bench/cluster_n2.json results/bench/cluster.json results/bench/cluster_n8.json \
-	  --out results/bench/costmodel.json
+	$(PY) -m dgc.costmodel results/bench/cluster_4x2.json results/bench/cluster_sar_2x1.json \
+	  results/bench/cluster_sar_4x1.json results/bench/cluster_sar_8x1.json --out results/bench/costmodel.json
 
 gpu-check: install ## (GPU machine) the whole GPU check in one command, ~8 min: gpu tests, every task on CUDA, compress timing, cluster bench; results/gpu/
 	$(PY) -m dgc.bench gpu --out-dir results/gpu

@@ -10,10 +10,15 @@ scheduling and the network's delay):
 * ring allgather of S bytes per worker: ``(N-1) alpha + (N-1) S / B``: the volume each worker
   receives grows with N, the reason sparse exchanges stop scaling (peers.md, "no gain beyond a
   few hundred nodes");
-* hierarchical (G workers per machine): dense reduce inside the machine over its bus
-  (``2 (G-1)/G * S / B_local``), a sparse allgather between the N/G machines, a broadcast
-  inside (``S / B_local``). Used for the projections only; the emulated cluster has one
-  worker per machine.
+* ``exchange=hierarchical`` (M machines of R ranks, :mod:`dgc.exchange`): a dense reduce-scatter inside
+  the machine over its bus (``(R-1)/R * S / B_local``, S the dense bytes of the compressed tensors), then
+  R sparse allgathers between the M machines in parallel, one per shard (each shard's message is about
+  1/R of a rank's, and the R rings share the machine's link: ``(M-1) alpha + R (M-1) m/R / B``), and a
+  small allgather of the result inside the machine; the selection runs on ``numel / R`` values per rank.
+  The tensors left dense go by machine too (an allreduce among M machines, not N ranks);
+* ``exchange=sparse_allreduce``: two all-to-alls (counts, entries) and two allgathers (lengths, kept
+  entries): ``4 (N-1) alpha + V (N-1)/N / B``, where V, the sparse bytes a rank receives, does not grow
+  with N (about 2k entries).
 
 A method's exchange is its collectives plus its CPU work (packing, selection, encoding,
 decoding): ``cpu_s = (cpu_s_per_value * numel + cpu_s_per_message_byte * N * message_bytes)
@@ -26,6 +31,10 @@ cluster runs every rank on one machine; a real cluster has contention 1).
 * ``dgc``: selection and encoding, an allgather of the 8-byte message lengths, an allgather of
   the longest message, decoding and scatter-add of the N messages; the tensors sent dense
   (BatchNorm, biases) add a small fp32 allreduce, or with ``dense_values=1bit`` a small allgather;
+* ``dgc_hierarchical``, ``dgc_sparse_allreduce``: DGC through those exchanges (above).
+
+Ranks of one machine share its link to the switch: a flat ring over N = M R ranks crosses each
+machine's link once per step, so flat collectives cost what they cost among N one-rank machines.
 
 Calibration (:func:`calibrate`) on measured runs (``python -m dgc.bench cluster`` at several
 node counts), by least squares on relative errors: each method's CPU seconds per value from its
@@ -36,15 +45,17 @@ lists every measured exchange next to its prediction (CPU + network).
 
 ``python -m dgc.costmodel results/bench/cluster_n2.json results/bench/cluster_n4.json ...``
 writes ``results/bench/costmodel.json`` and ``costmodel.png`` (speed-up against the number of
-workers at 1 and 10 Gbps). Speed-up: ``N * T_compute / (T_compute + T_exchange(N))`` (no
-overlap of computation and communication), for a given per-worker compute time per step.
+machines of 8 GPUs at 1, 10 and 25 Gbps). Speed-up: ``N * T_compute / (T_compute + T_exchange(N))``
+(no overlap of computation and communication), for a given per-worker compute time per step.
+``python -m dgc.costmodel --explain --machines 128 --ranks-per-node 8 --rate 1gbit`` prints the
+predicted exchange of every DGC exchange for one setting and the one :func:`choose_exchange` picks
+(what ``sync.exchange=auto`` does at start-up).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -83,11 +94,19 @@ class Network:
             return 0.0
         return (n - 1) * (self.alpha + nbytes / self.bandwidth)
 
-    def hierarchical_sparse(self, dense_bytes: float, sparse_bytes: float, n: int, g: int, local: float) -> float:
-        """Dense reduce inside each machine of g workers, sparse allgather between machines, broadcast inside."""
-        machines = max(1, math.ceil(n / g))
-        inside = 2 * (g - 1) / g * dense_bytes / local + dense_bytes / local if g > 1 else 0.0
-        return inside + self.allgather(sparse_bytes, machines)
+    def hierarchical(self, dense_bytes: float, sparse_bytes: float, machines: int, r: int, local: float) -> float:
+        """Reduce-scatter of ``dense_bytes`` inside each machine of ``r`` ranks over a ``local`` bytes/s bus,
+        R parallel sparse allgathers of ``sparse_bytes / r`` between the machines sharing each link."""
+        inside = (r - 1) / r * dense_bytes / local if r > 1 else 0.0
+        if machines <= 1:
+            return inside
+        return inside + 2 * (machines - 1) * self.alpha + (machines - 1) * sparse_bytes / self.bandwidth
+
+    def sparse_allreduce(self, volume: float, n: int) -> float:
+        """Two all-to-alls and two allgathers; ``volume``: sparse bytes a rank receives at large N."""
+        if n <= 1:
+            return 0.0
+        return 4 * (n - 1) * self.alpha + volume * (n - 1) / n / self.bandwidth
 
 
 @dataclass
@@ -134,7 +153,9 @@ class CostModel:
 
 
 # -- calibration -------------------------------------------------------------------------
-MODELLED = ("none", "fp16", "dgc", "dgc_compact", "topk")
+MODELLED = ("none", "fp16", "dgc", "dgc_compact", "topk", "dgc_hierarchical", "dgc_sparse_allreduce")
+#: the DGC exchanges sync.exchange=auto chooses from, by bench method name
+EXCHANGE_METHODS = {"flat": "dgc", "hierarchical": "dgc_hierarchical", "sparse_allreduce": "dgc_sparse_allreduce"}
 
 
 def _observations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -142,28 +163,35 @@ def _observations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         if r.get("mode") != "exchange":
             continue
+        per_node = int(r.get("ranks_per_node", 1))
         for name, row in r["methods"].items():
             if name not in MODELLED:
                 continue
-            dense_rest = message = 0.0
+            dense_rest = message = recv_sparse = 0.0
             gather = False
-            if name.startswith("dgc") or name == "topk":
+            if o_sparse(name):
                 if "dense_sent_bytes" in row:  # what the uncompressed tensors took, as measured
                     dense_rest = float(row["dense_sent_bytes"])
                     gather = (row.get("policy") or {}).get("dense_values") == "1bit"
                 else:  # older runs: the fp32 allreduce of the values the compressor did not handle
                     dense_rest = float(row["dense_bytes"] - 4 * row.get("compressed_numel", r["numel"]))
-                # the longest sparse message (gloo pads every message to it)
+                # the longest sparse message (gloo pads every message to it); a shard's with hierarchical
                 message = float(row.get("sent_bytes_max_rank", row["sent_bytes"])) - dense_rest - 8
+                recv = row.get("recv_bytes_max_rank", row.get("recv_bytes"))
+                recv_sparse = float(recv) - dense_rest if recv is not None else (r["nodes"] - 1) * (message + 8)
             obs.append(
                 {
                     "method": name,
                     "nodes": r["nodes"],
+                    "ranks_per_node": per_node,
+                    "machines": r["nodes"] // per_node,
                     "rate": r["rate"],
                     "threads": r.get("threads_per_rank", 1),
                     "cores": r.get("cores", os.cpu_count() or 1),
                     "numel": r["numel"],
+                    "compressed_numel": row.get("compressed_numel", r["numel"]),
                     "message_bytes": message,
+                    "recv_sparse_bytes": recv_sparse,
                     "dense_rest_bytes": dense_rest,
                     "dense_rest_gather": gather,
                     "measured": row["exchange_s"],
@@ -175,6 +203,8 @@ def _observations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _contention(o: dict[str, Any]) -> float:
+    if "contention" in o:
+        return float(o["contention"])
     return max(1.0, o["nodes"] * o["threads"] / o["cores"])
 
 
@@ -183,31 +213,53 @@ def o_sparse(method: str) -> bool:
 
 
 def _cpu_features(o: dict[str, Any]) -> list[float]:
-    """CPU time: per value of the gradient, and (sparse methods) per byte of the N messages decoded."""
-    c = _contention(o)
-    decoded = o["nodes"] * o["message_bytes"] if o_sparse(o["method"]) else 0.0
+    """CPU time: per value selected from, and (sparse methods) per byte of the messages decoded."""
+    c, m = _contention(o), o["method"]
+    r = o.get("ranks_per_node", 1)
+    if m == "dgc_hierarchical":  # a shard of 1/R per rank; M messages of a shard each
+        return [o["numel"] / r * c, o["machines"] * o["message_bytes"] * c]
+    if m == "dgc_sparse_allreduce":  # what arrives: the all-to-all's entries and the kept ones
+        return [o["numel"] * c, o["recv_sparse_bytes"] * c]
+    decoded = o["nodes"] * o["message_bytes"] if o_sparse(m) else 0.0
     return [o["numel"] * c, decoded * c]
 
 
 def _net_features(o: dict[str, Any]) -> list[float]:
-    """Network time is linear in (alpha, 1/efficiency, fp16 reduce cost): its coefficients."""
+    """Network time is linear in (alpha, 1/efficiency, fp16 reduce cost, local bus s/byte): its coefficients."""
     n, numel, m = o["nodes"], o["numel"], o["method"]
     bw = rate_bytes(o["rate"])
-    alpha = beta = reduce16 = 0.0
-    if n > 1:
-        if m in ("none", "fp16"):
+    alpha = beta = reduce16 = local = 0.0
+    if m in ("none", "fp16"):
+        if n > 1:
             size = (4 if m == "none" else 2) * numel
             alpha, beta = 2 * (n - 1), 2 * (n - 1) / n * size / bw
             reduce16 = size if m == "fp16" else 0.0
-        else:
-            alpha, beta = 2 * (n - 1), (n - 1) * (8 + o["message_bytes"]) / bw
-            if o["dense_rest_bytes"] and o.get("dense_rest_gather"):
-                alpha += n - 1
-                beta += (n - 1) * o["dense_rest_bytes"] / bw
-            elif o["dense_rest_bytes"]:
-                alpha += 2 * (n - 1)
-                beta += 2 * (n - 1) / n * o["dense_rest_bytes"] / bw
-    return [alpha, beta, reduce16]
+        return [alpha, beta, reduce16, local]
+    if m == "dgc_hierarchical":
+        r, machines = o["ranks_per_node"], o["machines"]
+        local = (r - 1) / r * 4 * o["compressed_numel"] if r > 1 else 0.0
+        if machines > 1:  # R rings of the shards' messages share each machine's link
+            alpha, beta = 2 * (machines - 1), r * (machines - 1) * (8 + o["message_bytes"]) / bw
+    elif m == "dgc_sparse_allreduce":
+        if n > 1:
+            alpha, beta = 4 * (n - 1), o["recv_sparse_bytes"] / bw
+    elif n > 1:
+        alpha, beta = 2 * (n - 1), (n - 1) * (8 + o["message_bytes"]) / bw
+    rest = o["dense_rest_bytes"]
+    if m == "dgc_hierarchical" and o["ranks_per_node"] > 1 and rest and not o.get("dense_rest_gather"):
+        # by machine too: reduce-scatter inside, R rings of rest/R between the M machines share each link
+        machines = o["machines"]
+        local += (o["ranks_per_node"] - 1) / o["ranks_per_node"] * rest
+        if machines > 1:
+            alpha += 2 * (machines - 1)
+            beta += 2 * (machines - 1) / machines * rest / bw
+    elif n > 1 and rest and o.get("dense_rest_gather"):
+        alpha += n - 1
+        beta += (n - 1) * rest / bw
+    elif n > 1 and rest:
+        alpha += 2 * (n - 1)
+        beta += 2 * (n - 1) / n * rest / bw
+    return [alpha, beta, reduce16, local]
 
 
 def _nonnegative_lstsq(a, b):  # noqa: ANN001, ANN202 - numpy arrays
@@ -220,9 +272,10 @@ def _nonnegative_lstsq(a, b):  # noqa: ANN001, ANN202 - numpy arrays
 def calibrate(results: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Fit the parameters to measured exchanges; least squares on relative errors, in two parts.
 
-    * CPU: per method, ``compress_s + decompress_s = cpu_s_per_value * numel * contention(N)``;
+    * CPU: per method, ``compress_s + decompress_s`` against its per-value and per-decoded-byte terms
+      (:func:`_cpu_features`), times ``contention(N)``;
     * network: ``communicate_s`` against the collectives' alpha-beta terms (alpha, 1/efficiency,
-      the fp16 reduction cost; non-negative).
+      the fp16 reduction cost, the seconds per byte of a machine's local bus; non-negative).
 
     Returns ``(params, observations)``; each observation carries the predicted exchange (CPU +
     network) and its relative error against the measured ``exchange_s``.
@@ -245,22 +298,25 @@ def calibrate(results: list[dict[str, Any]]) -> tuple[dict[str, float], list[dic
     net = [o for o in obs if o["nodes"] > 1]
     a = np.array([_net_features(o) for o in net])
     y = np.array([max(o["communicate_measured"], 1e-6) for o in net])
-    alpha, beta, reduce16 = (float(v) for v in _nonnegative_lstsq(a / y[:, None], np.ones_like(y)))
-    params = {"alpha": alpha, "efficiency": 1 / beta if beta > 0 else 1.0, "reduce_fp16": reduce16, **params}
+    alpha, beta, reduce16, local = (float(v) for v in _nonnegative_lstsq(a / y[:, None], np.ones_like(y)))
+    params = {"alpha": alpha, "efficiency": 1 / beta if beta > 0 else 1.0, "reduce_fp16": reduce16,
+              "local_s_per_byte": local, **params}  # fmt: skip
     for o in obs:
         predict(params, o)
     return params, obs
 
 
 def predict(params: dict[str, float], o: dict[str, Any]) -> float:
-    """Predicted exchange of observation ``o`` (also stored in it, with the relative error)."""
+    """Predicted exchange of observation ``o`` (also stored in it, with the relative error when measured)."""
     m = o["method"]
     cpu = float(sum(a * b for a, b in zip(_cpu_features(o), [params[f"cpu_{m}"], params.get(f"cpu_msg_{m}", 0.0)])))
-    beta = 1 / params["efficiency"]
-    comm = float(sum(a * b for a, b in zip(_net_features(o), [params["alpha"], beta, params["reduce_fp16"]])))
+    coef = [params["alpha"], 1 / params["efficiency"], params["reduce_fp16"], o.get("local_s_per_byte",
+            params.get("local_s_per_byte", 0.0))]  # fmt: skip
+    comm = float(sum(a * b for a, b in zip(_net_features(o), coef)))
     o["predicted_cpu"], o["predicted_communicate"] = cpu, comm
     o["predicted"] = cpu + comm
-    o["error"] = o["predicted"] / o["measured"] - 1
+    if "measured" in o:
+        o["error"] = o["predicted"] / o["measured"] - 1
     return o["predicted"]
 
 
@@ -288,37 +344,106 @@ def model_from(params: dict[str, float], rate: str, cores: int, threads: int = 1
     return CostModel(net, cpu, msg, cores, threads)
 
 
-def speedups(
-    params: dict[str, float],
-    workloads: dict[str, Workload],
-    rate: str,
-    compute_s: float,
-    nodes: Sequence[int],
-    gpus_per_machine: int = 4,
-    local_bandwidth: float = 10e9,
-) -> dict[str, list[float]]:
-    """Speed-up over one worker, ``N T_c / (T_c + T_exchange(N))``, per method and worker count.
+# -- projection and choice ---------------------------------------------------------------
+@dataclass
+class StepBytes:
+    """Bytes of a step per method, scaled from the reference runs (see :func:`workloads_from`)."""
 
-    One worker per machine and no CPU contention, except ``dgc_hierarchical`` (``gpus_per_machine``
-    workers per machine on a ``local_bandwidth`` bus: dense inside the machine, DGC's compact
-    sparse allgather between machines, with DGC's CPU cost once per step).
-    """
-    model = model_from(params, rate, cores=1)
+    numel: int
+    #: DGC's flat message per rank (bytes) and the dense rest (BatchNorm, biases)
+    message_bytes: float
+    dense_rest_bytes: float = 0.0
+    #: sparse_allreduce: sparse bytes a rank receives, N large (about 2k entries)
+    sar_volume: float = 0.0
+    #: the density the bytes were measured at (the cluster bench's: DGC's final density)
+    density: float = 0.001
+
+
+def workloads_from(obs: list[dict[str, Any]]) -> StepBytes:
+    """The flat message and the sparse-allreduce volume of the largest measured runs."""
+    flat = [o for o in obs if o["method"] == "dgc"]
+    if not flat:
+        raise ValueError("the runs have no flat dgc measurement to scale the workload from")
+    ref = max(flat, key=lambda o: o["nodes"])
+    sar = [o for o in obs if o["method"] == "dgc_sparse_allreduce" and o["nodes"] > 1]
+    vol = 0.0
+    if sar:
+        big = max(sar, key=lambda o: o["nodes"])
+        vol = big["recv_sparse_bytes"] * big["nodes"] / (big["nodes"] - 1)
+    return StepBytes(ref["compressed_numel"], ref["message_bytes"], ref["dense_rest_bytes"], vol)
+
+
+def scaled(w: StepBytes, numel: int, density: float | None = None) -> StepBytes:
+    """The same compressor on a gradient of ``numel`` values at ``density`` (sparse bytes scale with k)."""
+    d = w.density if density is None else density
+    f, k = numel / w.numel, numel * d / (w.numel * w.density)
+    return StepBytes(numel, w.message_bytes * k, w.dense_rest_bytes * f, w.sar_volume * k, d)
+
+
+def auto_exchange(report: str, numel: int, world_size: int, ranks_per_node: int, rate: str,
+                  density: float) -> tuple[str, str]:  # fmt: skip
+    """``sync.exchange=auto``: the exchange the calibrated model (the report ``python -m dgc.costmodel`` wrote)
+    predicts fastest for this run, and why. ValueError when the report cannot be read."""
+    if world_size == 1:
+        return "flat", "one rank: nothing to exchange"
+    try:
+        data = json.loads(Path(report).read_text())
+        params, w = data["params"], StepBytes(**data["projection"]["workload"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"sync.exchange=auto needs a calibrated cost model; cannot read sync.costmodel={report!r} "
+            f"({type(e).__name__}); make bench-cluster writes results/bench/costmodel.json"
+        ) from None
+    r = ranks_per_node if world_size % ranks_per_node == 0 else 1
+    best, _, reason = choose_exchange(params, scaled(w, numel, density), world_size // r, r, rate)
+    return best, reason
+
+
+def project(params: dict[str, float], w: StepBytes, method: str, machines: int, r: int, rate: str,
+            local_bandwidth: float) -> float:  # fmt: skip
+    """Predicted exchange seconds of ``method`` on ``machines`` x ``r`` ranks, no CPU contention."""
+    n = machines * r
+    if n == 1:
+        return 0.0
+    o: dict[str, Any] = {"method": method, "nodes": n, "ranks_per_node": r, "machines": machines, "rate": rate,
+                         "numel": w.numel, "compressed_numel": w.numel, "message_bytes": w.message_bytes,
+                         "dense_rest_bytes": w.dense_rest_bytes if o_sparse(method) else 0.0,
+                         "recv_sparse_bytes": w.sar_volume * (n - 1) / n, "contention": 1.0,
+                         "local_s_per_byte": 1 / local_bandwidth}  # fmt: skip
+    if method == "dgc_hierarchical":
+        o["message_bytes"] = w.message_bytes / r  # each shard owner selects from 1/R of the values
+    return predict(params, o)
+
+
+def choose_exchange(params: dict[str, float], w: StepBytes, machines: int, r: int, rate: str,
+                    local_bandwidth: float = 50e9) -> tuple[str, dict[str, float], str]:  # fmt: skip
+    """The DGC exchange the model predicts fastest: ``(name, {name: seconds}, reason)``."""
+    times = {}
+    for name, method in EXCHANGE_METHODS.items():
+        if name == "hierarchical" and r == 1:
+            continue  # exactly flat
+        if name == "sparse_allreduce" and not w.sar_volume:
+            continue  # not calibrated
+        if f"cpu_{method}" in params:
+            times[name] = project(params, w, method, machines, r, rate, local_bandwidth)
+    best = min(times, key=times.__getitem__)
+    flat = times["flat"]
+    verdict = f"{best} is {flat / times[best]:.2f}x faster than flat" if best != "flat" else "flat is fastest"
+    predicted = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in times.items())
+    reason = f"{machines} machine(s) x {r} rank(s), {w.numel:,} values, {rate}: predicted {predicted}; {verdict}"
+    return best, times, reason
+
+
+def speedups(params: dict[str, float], w: StepBytes, rate: str, compute_s: float, machines: Sequence[int],
+             r: int = 8, local_bandwidth: float = 50e9) -> dict[str, list[float]]:  # fmt: skip
+    """Speed-up over one worker, ``N T_c / (T_c + T_exchange(N))``, per method and machine count (R ranks each)."""
     out: dict[str, list[float]] = {}
-    for m, w in workloads.items():
-        row = []
-        for n in nodes:
-            if n == 1:
-                t = 0.0
-            elif m == "dgc_hierarchical":
-                cpu = model.exchange("dgc_compact", w, max(1, n // gpus_per_machine), contention=1.0)["cpu_s"]
-                t = cpu + model.network.hierarchical_sparse(
-                    4 * w.numel, w.sparse_bytes, n, gpus_per_machine, local_bandwidth
-                )
-            else:
-                t = model.exchange(m, w, n, contention=1.0)["exchange_s"]
-            row.append(n * compute_s / (compute_s + t))
-        out[m] = row
+    for m in ("none", "fp16", "dgc", "dgc_hierarchical", "dgc_sparse_allreduce"):
+        if f"cpu_{m}" not in params or (m == "dgc_sparse_allreduce" and not w.sar_volume):
+            continue
+        out[m] = [
+            M * r * compute_s / (compute_s + project(params, w, m, M, r, rate, local_bandwidth)) for M in machines
+        ]
     return out
 
 
@@ -331,16 +456,18 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    nodes = report["projection"]["nodes"]
-    for ax, (rate, curves) in zip(axes, report["projection"]["speedup"].items()):
+    proj = report["projection"]
+    fig, axes = plt.subplots(1, len(proj["speedup"]), figsize=(5.2 * len(proj["speedup"]), 4.2), sharey=True)
+    r = proj["ranks_per_node"]
+    workers = [m * r for m in proj["machines"]]
+    for ax, (rate, curves) in zip(axes, proj["speedup"].items()):
         for method, values in curves.items():
-            ax.plot(nodes, values, marker="o", ms=3, label=method)
-        ax.plot(nodes, nodes, color="grey", ls=":", lw=1, label="linear")
+            ax.plot(proj["machines"], values, marker="o", ms=3, label=method)
+        ax.plot(proj["machines"], workers, color="grey", ls=":", lw=1, label="linear")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
-        ax.set_xlabel("workers")
-        ax.set_title(f"{report['projection']['model']} at {rate}, compute {report['projection']['compute_s']} s/step")
+        ax.set_xlabel(f"machines of {r} GPUs")
+        ax.set_title(f"{proj['model']} at {rate}, compute {proj['compute_s']} s/step", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("speed-up over one worker")
     axes[0].legend(fontsize=8)
@@ -352,31 +479,78 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dgc.costmodel", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", help="cluster bench JSON files (exchange mode), e.g. at 2, 4 and 8 nodes")
-    p.add_argument("--compute-s", type=float, default=0.2, help="per-worker compute per step for the projection")
-    p.add_argument("--out", default="runs/bench/costmodel.json", help="(default: %(default)s; make: results/bench)")
-    args = p.parse_args(argv)
+MACHINES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+RATES = ("1gbit", "10gbit", "25gbit")
+
+
+def _load(paths: Sequence[str], prog: str) -> list[dict[str, Any]]:
     results = []
-    for f in args.runs:
+    for f in paths:
         try:
             results.append(json.loads(Path(f).read_text()))
         except (OSError, json.JSONDecodeError) as e:
-            print(f"{p.prog}: error: cannot read {f}: {e}", file=sys.stderr)
-            return 2
+            raise SystemExit(f"{prog}: error: cannot read {f}: {e}") from None
+    return results
+
+
+def explain(args: argparse.Namespace, prog: str) -> int:
+    """Print the exchange ``sync.exchange=auto`` would pick for one setting, from a calibrated report."""
+    try:
+        report = json.loads(Path(args.params).read_text())
+        params, w = report["params"], StepBytes(**report["projection"]["workload"])
+        rate_bytes(args.rate)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        print(f"{prog}: error: cannot read the calibrated model {args.params}: {e}; make it with "
+              "python -m dgc.costmodel <cluster bench JSON files>", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.numel:
+        w = scaled(w, args.numel)
+    best, times, reason = choose_exchange(params, w, args.machines, args.ranks_per_node, args.rate,
+                                          args.local_gbps * 1e9 / 8)  # fmt: skip
+    print(f"exchange=auto -> {best}: {reason}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    prog = "python -m dgc.costmodel"
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="*", help="cluster bench JSON files (exchange mode), e.g. at 2, 4 and 8 nodes")
+    p.add_argument("--compute-s", type=float, default=0.2, help="per-worker compute per step for the projection")
+    p.add_argument("--out", default="runs/bench/costmodel.json", help="(default: %(default)s; make: results/bench)")
+    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks per machine (projection, --explain; default 8)")
+    p.add_argument(
+        "--local-gbps",
+        type=float,
+        default=400.0,
+        help="a machine's local bus, Gbit/s per direction (projection, --explain; default 400 = 50 GB/s)",
+    )
+    p.add_argument("--explain", action="store_true", help="print the exchange auto picks for --machines etc.")
+    p.add_argument("--machines", type=int, default=128, help="--explain: number of machines (default 128)")
+    p.add_argument("--rate", default="1gbit", help="--explain: network rate per machine (default 1gbit)")
+    p.add_argument("--numel", type=int, default=0, help="--explain: gradient values (default: the calibration model's)")
+    p.add_argument("--params", default="results/bench/costmodel.json", help="--explain: the calibrated report")
+    args = p.parse_args(argv)
+    for name in ("ranks_per_node", "machines"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    try:
+        rate_bytes(args.rate)
+    except ValueError as e:
+        p.error(str(e))
+    if args.explain:
+        return explain(args, prog)
+    if not args.runs:
+        p.error("give the cluster bench JSON files to calibrate on (or --explain)")
+    try:
+        results = _load(args.runs, prog)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
     params, obs = calibrate(results)
     loo = leave_one_out(results)
-    ref = max(results, key=lambda r: r["nodes"])
-    workloads = {}
-    for o in obs:  # message sizes of the largest run
-        if o["nodes"] == ref["nodes"] and o["method"] in ("none", "fp16", "dgc", "dgc_compact"):
-            workloads[o["method"]] = Workload(
-                o["numel"], o["message_bytes"], o["dense_rest_bytes"], o.get("dense_rest_gather", False)
-            )
-    if "dgc_compact" in workloads:
-        workloads["dgc_hierarchical"] = workloads["dgc_compact"]
-    nodes = [1, 2, 4, 8, 16, 32, 64, 128]
+    w = workloads_from(obs)
+    r, local = args.ranks_per_node, args.local_gbps * 1e9 / 8
+    speed = {rate: speedups(params, w, rate, args.compute_s, MACHINES, r, local) for rate in RATES}
     report = {
         "model_description": "alpha-beta ring collectives + CPU seconds per value x contention; see dgc/costmodel.py",
         "calibrated_on": [str(f) for f in args.runs],
@@ -386,15 +560,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "leave_one_out": loo,
         "leave_one_out_max_abs_error": max((abs(o["error"]) for o in loo), default=None),
         "projection": {
-            "model": ref["model"],
-            "numel": ref["numel"],
+            "model": max(results, key=lambda x: x["nodes"])["model"],
+            "workload": w.__dict__,
             "compute_s": args.compute_s,
-            "message_bytes": {m: w.sparse_bytes for m, w in workloads.items()},
-            "nodes": nodes,
-            "assumptions": "one worker per machine, no CPU contention (CPU costs as calibrated at contention 1); "
-            "dgc_hierarchical: 4 workers per machine with a 10 GB/s local bus, dense reduce inside, "
-            "compact sparse allgather between machines",
-            "speedup": {rate: speedups(params, workloads, rate, args.compute_s, nodes) for rate in ("1gbit", "10gbit")},
+            "ranks_per_node": r,
+            "local_gbps": args.local_gbps,
+            "machines": MACHINES,
+            "assumptions": f"{r} ranks per machine on a {args.local_gbps:g} Gbit/s local bus, one network link per "
+            "machine; no CPU contention (CPU costs as calibrated, at contention 1)",
+            "speedup": speed,
+            "choice": {rate: [choose_exchange(params, w, M, r, rate, local)[0] for M in MACHINES] for rate in RATES},
         },
     }
     out = Path(args.out)
@@ -402,13 +577,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot(report, out.with_suffix(".png"))
     for o in obs:
         print(
-            f"{o['method']:12s} N={o['nodes']:<2d} measured {o['measured'] * 1e3:8.1f} ms  "
+            f"{o['method']:20s} N={o['nodes']:<2d} R={o['ranks_per_node']} measured {o['measured'] * 1e3:8.1f} ms  "
             f"predicted {o['predicted'] * 1e3:8.1f} ms  ({o['error'] * 100:+.0f}%)",
             file=sys.stderr,
         )
     for o in loo:
         print(
-            f"held out: {o['method']:12s} N={o['nodes']:<2d} measured {o['measured'] * 1e3:8.1f} ms  "
+            f"held out: {o['method']:20s} N={o['nodes']:<2d} measured {o['measured'] * 1e3:8.1f} ms  "
             f"predicted {o['predicted'] * 1e3:8.1f} ms  ({o['error'] * 100:+.0f}%)",
             file=sys.stderr,
         )
@@ -428,4 +603,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-__all__ = ["CostModel", "Network", "Workload", "calibrate", "rate_bytes", "speedups"]
+__all__ = ["CostModel", "Network", "StepBytes", "Workload", "auto_exchange", "calibrate", "choose_exchange",
+           "rate_bytes", "speedups"]  # fmt: skip

@@ -8,8 +8,9 @@
   R ways) and exchanges it sparsely with the owners of the same shard on the other machines (a ``flat``
   exchange among M machines), and the ranks of a machine share the result's nonzero entries (an allgather
   of about M * k / R entries per rank, not of the dense shard). Each machine
-  is one DGC worker: the network carries M messages per shard instead of M * R. With one rank per
-  machine it is exactly ``flat``.
+  is one DGC worker: the network carries M messages per shard instead of M * R. The tensors left dense
+  (biases, BatchNorm) go the same way: reduce-scatter inside, an allreduce of each shard between the
+  machines, allgather inside. With one rank per machine it is exactly ``flat``.
 * ``sparse_allreduce`` (after Ok-Topk, Li & Hoefler 2022): the flat index space of the compressed
   tensors is cut into N regions, one per worker, with boundaries that follow where the previous step's
   result fell (so every worker owns about as many entries). Every worker sends each owner the entries
@@ -34,7 +35,8 @@ import torch
 
 from dgc import wire
 from dgc.comm import Comm
-from dgc.compressors.base import Compressor, Item
+from dgc.compressors.base import Compressor, Item, copy_back
+from dgc.compressors.dense import allreduce_dense
 from dgc.compressors.sparse import SparseCompressor
 from dgc.select import target_count
 from dgc.timing import Phases
@@ -56,6 +58,10 @@ class Exchange:
 
     def run(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
         compressor.exchange(items, self.comm, phases)
+
+    def dense(self, items: list[Item], phases: Phases, dtype: torch.dtype) -> None:
+        """Average the tensors the policy leaves dense (biases, BatchNorm): one allreduce in ``dtype``."""
+        allreduce_dense(items, self.comm, phases, dtype)
 
 
 def _flatten(items: list[Item], multiple: int) -> torch.Tensor:
@@ -120,11 +126,22 @@ class Hierarchical(Exchange):
                 start = torch.tensor([j * shard.numel()], device=flat.device)
                 at, values = wire.decode(rows[j, : lengths[j]], start, fmt)
                 flat[at] = values.to(flat.dtype)
-            start = 0
-            for it in items:
-                n = it.grad.numel()
-                it.grad.view(-1).copy_(flat[start : start + n])
-                start += n
+            copy_back(items, flat)
+
+    def dense(self, items: list[Item], phases: Phases, dtype: torch.dtype) -> None:
+        """The dense tensors too go by machine: reduce-scatter inside, allreduce of the shards between machines
+        (R small rings sharing each link instead of one ring over all N ranks), allgather inside."""
+        r = self.topology.ranks_per_node
+        if r == 1 or not items:
+            super().dense(items, phases, dtype)
+            return
+        with phases("compress"):
+            flat = _flatten(items, r).to(dtype)
+        shard = self.local.reduce_scatter_mean(flat)
+        self.cross.allreduce_mean_(shard)
+        whole = self.local.allgather(shard).view(-1)
+        with phases("decompress"):
+            copy_back(items, whole.to(items[0].grad.dtype))
 
 
 class SparseAllreduce(Exchange):

@@ -51,7 +51,6 @@ import torch.distributed as dist
 from dgc.comm import Comm
 from dgc.compressors import Compressor
 from dgc.compressors.base import Item
-from dgc.compressors.dense import allreduce_dense
 from dgc.compressors.onebit import OneBit
 from dgc.exchange import EXCHANGES, Exchange, build_exchange
 from dgc.timing import Phases
@@ -96,21 +95,48 @@ class SyncConfig:
     policy: Policy = field(default_factory=Policy)
     #: exchange through DDP's communication hook instead of after backward() (trainer)
     ddp_hook: bool = False
-    #: how the compressed tensors travel: flat | hierarchical | sparse_allreduce (:mod:`dgc.exchange`)
+    #: how the compressed tensors travel: flat | hierarchical | sparse_allreduce (:mod:`dgc.exchange`), or auto:
+    #: the one the calibrated cost model (``costmodel``) predicts fastest for this run at ``bandwidth``
     exchange: str = "flat"
     #: ranks per machine for exchange=hierarchical (null: from the launcher, LOCAL_WORLD_SIZE or Slurm)
     ranks_per_node: int | None = None
+    #: exchange=auto: the network rate per machine (a tc rate: 1gbit, 10gbit, 25gbit)
+    bandwidth: str = "1gbit"
+    #: exchange=auto: the report of ``python -m dgc.costmodel`` (make bench-cluster writes this one)
+    costmodel: str = "results/bench/costmodel.json"
 
     def __post_init__(self) -> None:
         check_clip_norm(self.clip_norm)
-        if self.exchange not in EXCHANGES:
-            raise ValueError(f"sync.exchange must be one of {', '.join(EXCHANGES)}, got {self.exchange!r}")
+        if self.exchange not in (*EXCHANGES, "auto"):
+            raise ValueError(f"sync.exchange must be one of {', '.join(EXCHANGES)}, auto; got {self.exchange!r}")
+        from dgc.costmodel import rate_bytes
+
+        rate_bytes(self.bandwidth)  # ValueError naming the valid units
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise ValueError(f"sync.ranks_per_node must be >= 1 or null, got {self.ranks_per_node}")
 
     def build(self, model: Any, compressor: Compressor, comm: Comm | None = None) -> GradientSync:
-        return GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
-                            exchange=self.exchange, ranks_per_node=self.ranks_per_node)  # fmt: skip
+        exchange, reason = self.exchange, ""
+        if exchange == "auto":
+            exchange, reason = self.choose(model, compressor, comm)
+        sync = GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
+                            exchange=exchange, ranks_per_node=self.ranks_per_node)  # fmt: skip
+        sync.exchange_reason = reason
+        return sync
+
+    def choose(self, model: Any, compressor: Compressor, comm: Comm | None) -> tuple[str, str]:
+        """exchange=auto: ``(exchange, why)`` from the calibrated cost model (flat for dense compressors)."""
+        from dgc.compressors.sparse import SparseCompressor
+        from dgc.costmodel import auto_exchange
+        from dgc.topology import ranks_per_node_from_env
+
+        if not isinstance(compressor, SparseCompressor):
+            return "flat", f"exchange=auto: {compressor.name} is not a sparse compressor: flat"
+        world = (comm or Comm()).world_size
+        numel = sum(p.numel() for p in model.parameters() if p.requires_grad and self.policy.compresses(p))
+        r = self.ranks_per_node or ranks_per_node_from_env()
+        best, why = auto_exchange(self.costmodel, numel, world, r, self.bandwidth, compressor.config.density)
+        return best, f"exchange=auto chose {best}: {why}"
 
 
 def check_clip_norm(clip_norm: Any) -> None:
@@ -214,6 +240,8 @@ class GradientSync:
         )
         if not compressor.handles_all_tensors or self.exchange.name != "flat":
             self.exchange.check(compressor)
+        #: why the exchange was chosen (SyncConfig with exchange=auto), empty otherwise
+        self.exchange_reason = ""
         #: the exchange of the tensors left dense, when it keeps state (1-bit with error feedback)
         self.dense_compressor: OneBit | None = None
         if self.policy.dense_values == "1bit" and not compressor.handles_all_tensors:
@@ -304,7 +332,7 @@ class GradientSync:
         if self.dense_compressor is not None:
             self.dense_compressor.exchange(dense, self.comm, phases)
         else:
-            allreduce_dense(dense, self.comm, phases, DTYPES.get(self.policy.dense_values, torch.float32))
+            self.exchange.dense(dense, phases, DTYPES.get(self.policy.dense_values, torch.float32))
         dense_sent = self.comm.traffic.sent
         self.exchange.run(self.compressor, compressed, phases)
         return self._finish(pairs, compressed, phases, control, dense_sent, skipped, requests)

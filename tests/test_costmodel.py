@@ -85,12 +85,13 @@ def test_command_line_writes_report_and_plot(tmp_path: Path, capsys: pytest.Capt
         f.write_text(json.dumps(synthetic_run(n)))
         files.append(str(f))
     out = tmp_path / "costmodel.json"
-    assert costmodel.main([*files, "--out", str(out)]) == 0
+    assert costmodel.main([*files, "--out", str(out), "--ranks-per-node", "1"]) == 0
     report = json.loads(out.read_text())
     assert report["max_abs_error"] < 1e-6 and out.with_suffix(".png").stat().st_size > 0
+    assert set(report["projection"]["speedup"]) == {"1gbit", "10gbit", "25gbit"}
     speedup = report["projection"]["speedup"]["1gbit"]
     # one worker per machine at 1 Gbps: DGC beats the fp32 allreduce at every N > 1
-    for i, n in enumerate(report["projection"]["nodes"]):
+    for i, n in enumerate(report["projection"]["machines"]):
         if n > 1:
             assert speedup["dgc"][i] > speedup["none"][i]
     assert json.loads(capsys.readouterr().out)["max_abs_error"] < 1e-6
@@ -100,3 +101,107 @@ def test_unreadable_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert costmodel.main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot read" in err and not (tmp_path / "c.json").exists()
+
+
+#: a machine for the exchanges of dgc.exchange (seconds per value/byte, alpha, efficiency, local bus)
+EXCHANGE_TRUTH = {
+    "alpha": 2e-3, "efficiency": 0.9, "reduce_fp16": 0.0, "local_s_per_byte": 5e-9,
+    "cpu_dgc": 2e-9, "cpu_msg_dgc": 4e-9, "cpu_dgc_hierarchical": 3e-9, "cpu_msg_dgc_hierarchical": 1e-8,
+    "cpu_dgc_sparse_allreduce": 2.5e-9, "cpu_msg_dgc_sparse_allreduce": 6e-9, "cpu_none": 1e-9,
+}  # fmt: skip
+
+
+def exchange_run(machines: int, per_node: int) -> dict:
+    """A cluster-bench JSON of flat, hierarchical and sparse-allreduce DGC made by EXCHANGE_TRUTH."""
+    n, rest, message = machines * per_node, 216_480.0, 150_000.0
+    rows = {}
+    for m in ("none", "dgc", "dgc_hierarchical", "dgc_sparse_allreduce"):
+        sent = message / per_node if m == "dgc_hierarchical" else message
+        recv = {"dgc": (n - 1) * (sent + 8), "dgc_hierarchical": (machines - 1) * (sent + 8),
+                "dgc_sparse_allreduce": 450_000.0 * (n - 1) / n, "none": 0.0}[m]  # fmt: skip
+        o = {"method": m, "nodes": n, "ranks_per_node": per_node, "machines": machines, "rate": "1gbit",
+             "threads": 1, "cores": 2, "numel": NUMEL, "compressed_numel": NUMEL, "message_bytes": sent,
+             "recv_sparse_bytes": recv, "dense_rest_bytes": rest if m != "none" else 0.0}  # fmt: skip
+        costmodel.predict(EXCHANGE_TRUTH, o)
+        cpu, comm = o["predicted_cpu"], o["predicted_communicate"]
+        row = {"exchange_s": cpu + comm, "compress_s": cpu / 2, "decompress_s": cpu / 2, "communicate_s": comm,
+               "dense_bytes": 4 * NUMEL, "sent_bytes": 4 * NUMEL}  # fmt: skip
+        if m != "none":
+            row.update(dense_sent_bytes=rest, sent_bytes=int(sent + rest + 8), recv_bytes_max_rank=recv + rest,
+                       compressed_numel=NUMEL)  # fmt: skip
+        rows[m] = row
+    return {"mode": "exchange", "model": "resnet50", "numel": NUMEL, "nodes": n, "machines": machines,
+            "ranks_per_node": per_node, "rate": "1gbit", "cores": 2, "threads_per_rank": 1, "methods": rows}  # fmt: skip
+
+
+def test_calibration_recovers_the_exchanges() -> None:
+    runs = [exchange_run(2, 1), exchange_run(4, 1), exchange_run(8, 1), exchange_run(4, 2)]
+    params, obs = costmodel.calibrate(runs)
+    for key in ("alpha", "local_s_per_byte", "cpu_dgc_hierarchical", "cpu_dgc_sparse_allreduce"):
+        assert params[key] == pytest.approx(EXCHANGE_TRUTH[key], rel=1e-4), key
+    assert params["efficiency"] == pytest.approx(0.9, rel=1e-4)
+    assert max(abs(o["error"]) for o in obs) < 1e-4
+    hier = [(o["machines"], o["ranks_per_node"], o["nodes"]) for o in obs if o["method"] == "dgc_hierarchical"]
+    assert hier == [(2, 1, 2), (4, 1, 4), (8, 1, 8), (4, 2, 8)]
+
+
+def test_hierarchical_traffic_follows_machines_and_sparse_allreduce_does_not_grow() -> None:
+    w = costmodel.StepBytes(NUMEL, 150_000.0, 216_480.0, 450_000.0)
+    net_only = {**EXCHANGE_TRUTH, **{k: 0.0 for k in EXCHANGE_TRUTH if k.startswith("cpu_")}, "alpha": 0.0}
+
+    def t(method: str, machines: int, r: int) -> float:
+        return costmodel.project(net_only, w, method, machines, r, "1gbit", 50e9)
+
+    # flat: the allgather grows with the N = M R ranks; hierarchical: with the M machines only
+    assert t("dgc", 128, 8) / t("dgc", 16, 8) > 7
+    assert t("dgc_hierarchical", 128, 8) < t("dgc", 128, 8) / 6
+    # sparse allreduce: the bytes a rank receives barely change from 8 to 1024 ranks
+    assert t("dgc_sparse_allreduce", 128, 8) < 1.2 * t("dgc_sparse_allreduce", 8, 1)
+
+
+def report_file(tmp_path: Path) -> Path:
+    files = []
+    for m, r in ((2, 1), (4, 1), (8, 1), (4, 2)):
+        f = tmp_path / f"run_{m}x{r}.json"
+        f.write_text(json.dumps(exchange_run(m, r)))
+        files.append(str(f))
+    out = tmp_path / "costmodel.json"
+    assert costmodel.main([*files, "--out", str(out)]) == 0
+    return out
+
+
+def test_auto_choice_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = report_file(tmp_path)
+    capsys.readouterr()
+    best, why = costmodel.auto_exchange(str(report), NUMEL, 1024, 8, "1gbit", 0.001)
+    assert best == "hierarchical" and "128 machine(s) x 8 rank(s)" in why
+    assert costmodel.auto_exchange(str(report), NUMEL, 1, 1, "1gbit", 0.001)[0] == "flat"
+    # one rank per machine: hierarchical is exactly flat and not considered
+    assert "hierarchical" not in costmodel.auto_exchange(str(report), NUMEL, 8, 1, "1gbit", 0.001)[1]
+    assert costmodel.main(["--explain", "--machines", "128", "--ranks-per-node", "8", "--params", str(report)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("exchange=auto -> hierarchical: 128 machine(s) x 8 rank(s)") and "\n" not in line
+    with pytest.raises(ValueError, match="sync.exchange=auto needs a calibrated cost model"):
+        costmodel.auto_exchange(str(tmp_path / "none.json"), NUMEL, 8, 1, "1gbit", 0.001)
+
+
+def test_sync_config_auto(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    import dgc
+    from dgc.sync import SyncConfig
+
+    report = report_file(tmp_path)
+    model = torch.nn.Linear(1000, 1000)
+    cfg = SyncConfig(exchange="auto", costmodel=str(report), ranks_per_node=8)
+    best, why = cfg.choose(model, dgc.build_compressor("dgc"), SimpleNamespace(world_size=1024))
+    assert best == "hierarchical" and why.startswith("exchange=auto chose hierarchical")
+    assert cfg.choose(model, dgc.build_compressor("fp16"), SimpleNamespace(world_size=1024))[0] == "flat"
+    sync = cfg.build(model, dgc.build_compressor("dgc"))  # one process: nothing to exchange
+    assert sync.exchange.name == "flat" and "one rank" in sync.exchange_reason
+    with pytest.raises(ValueError, match="sync.exchange must be one of flat, hierarchical, sparse_allreduce, auto"):
+        SyncConfig(exchange="ring")
+    with pytest.raises(ValueError, match="unknown rate"):
+        SyncConfig(exchange="auto", bandwidth="fast")

@@ -208,6 +208,23 @@ def _cpu_compact_rows() -> tuple[Row, ...]:
 # -- the recurrent analogs, long enough for DGC (each compressed value sent ~20 times after the warm-up) -----
 #: seeds of the tables that average over seeds
 SEEDS = (0, 1)
+#: key -> (method, overrides after the demo's): the three exchanges of dgc.exchange on the demo's setup
+EXCHANGE_ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "flat": ("flat allgather (the paper's)", ()),
+    "hierarchical": ("hierarchical, 2 machines x 2 ranks", ("sync.exchange=hierarchical", "sync.ranks_per_node=2")),
+    "sparse_allreduce": ("sparse allreduce (Ok-Topk style)", ("sync.exchange=sparse_allreduce",)),
+}
+
+
+def _cpu_exchange_rows() -> tuple[Row, ...]:
+    group = "ResNet-20 Fashion-MNIST, 4 workers, 4 epochs"
+    rows = tuple(
+        Row(key, group, method, _FM, "dgc", 4, (*_DEMO4, *extra), baseline=key == "flat")
+        for key, (method, extra) in EXCHANGE_ROWS.items()
+    )
+    return seeded(rows, SEEDS)
+
+
 _KJV = "KJV, 2 workers x 10 streams, 12 epochs"
 
 
@@ -310,6 +327,12 @@ TABLES: dict[str, Table] = {
             "cpu-compact", "Compact wire format: DGC on Fashion-MNIST (ResNet-20, 4 workers, 4 epochs), 4 seeds",
             ("top1",), _cpu_compact_rows(),
             "No paper numbers: the compact format's accuracy against the default format, paired by seed",
+            full_scale=False,
+        ),
+        Table(
+            "cpu-exchange", "Exchanges: DGC on Fashion-MNIST (make demo's setup: ResNet-20, 4 workers, 4 epochs)",
+            ("top1",), _cpu_exchange_rows(),
+            "No paper numbers: the hierarchical and sparse-allreduce exchanges against the flat one, paired by seed",
             full_scale=False,
         ),
         Table(

@@ -120,6 +120,8 @@ class Trainer:
         if info.world_size > 1:
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
+        if self.sync.exchange_reason and info.is_main:
+            print(self.sync.exchange_reason, flush=True)
         self.net: torch.nn.Module = self.model
         if cfg.sync.ddp_hook and info.world_size > 1:
             self.net = DistributedDataParallel(
