@@ -131,7 +131,8 @@ def exchange_run(machines: int, per_node: int) -> dict:
                        compressed_numel=NUMEL)  # fmt: skip
         rows[m] = row
     return {"mode": "exchange", "model": "resnet50", "numel": NUMEL, "nodes": n, "machines": machines,
-            "ranks_per_node": per_node, "rate": "1gbit", "cores": 2, "threads_per_rank": 1, "methods": rows}  # fmt: skip
+            "ranks_per_node": per_node, "rate": "1gbit", "cores": 2, "threads_per_rank": 1,
+            "methods": rows}  # fmt: skip
 
 
 def test_calibration_recovers_the_exchanges() -> None:
