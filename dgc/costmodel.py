@@ -94,20 +94,6 @@ class Network:
             return 0.0
         return (n - 1) * (self.alpha + nbytes / self.bandwidth)
 
-    def hierarchical(self, dense_bytes: float, sparse_bytes: float, machines: int, r: int, local: float) -> float:
-        """Reduce-scatter of ``dense_bytes`` inside each machine of ``r`` ranks over a ``local`` bytes/s bus,
-        R parallel sparse allgathers of ``sparse_bytes / r`` between the machines sharing each link."""
-        inside = (r - 1) / r * dense_bytes / local if r > 1 else 0.0
-        if machines <= 1:
-            return inside
-        return inside + 2 * (machines - 1) * self.alpha + (machines - 1) * sparse_bytes / self.bandwidth
-
-    def sparse_allreduce(self, volume: float, n: int) -> float:
-        """Two all-to-alls and two allgathers; ``volume``: sparse bytes a rank receives at large N."""
-        if n <= 1:
-            return 0.0
-        return 4 * (n - 1) * self.alpha + volume * (n - 1) / n / self.bandwidth
-
 
 @dataclass
 class Workload:
@@ -335,13 +321,6 @@ def leave_one_out(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 predict(params, o)
                 out.append(o)
     return out
-
-
-def model_from(params: dict[str, float], rate: str, cores: int, threads: int = 1) -> CostModel:
-    net = Network(rate_bytes(rate) * params["efficiency"], params["alpha"], params["reduce_fp16"])
-    cpu = {k.removeprefix("cpu_"): v for k, v in params.items() if k.startswith("cpu_") and "msg_" not in k}
-    msg = {k.removeprefix("cpu_msg_"): v for k, v in params.items() if k.startswith("cpu_msg_")}
-    return CostModel(net, cpu, msg, cores, threads)
 
 
 # -- projection and choice ---------------------------------------------------------------

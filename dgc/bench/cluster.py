@@ -69,6 +69,7 @@ from dgc.bench.common import (
     positive_int_arg,
     run_info,
 )
+from dgc.topology import ranks_per_node_from_env
 
 NETCLUSTER = Path(__file__).resolve().parents[2] / "launch" / "netcluster.py"
 MODELS = ("resnet50", "alexnet", "lstm", "tiny")
@@ -373,8 +374,8 @@ class NodeLink:
 def _setup(args: argparse.Namespace, info) -> dict[str, Any]:  # noqa: ANN001
     """The fields both modes record about how they ran."""
     return {
-        "machines": info.world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))),
-        "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        "machines": info.world_size // ranks_per_node_from_env(),
+        "ranks_per_node": ranks_per_node_from_env(),
         "nodes": info.world_size,
         "rate": args.rate,
         "threads_per_rank": args.threads,

@@ -196,13 +196,18 @@ COMPACT_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _cpu_compact_rows() -> tuple[Row, ...]:
+def _demo_variants(variants: dict[str, tuple[str, tuple[str, ...]]], baseline: str, seeds: tuple[int, ...]):  # noqa: ANN202
+    """DGC on make demo's setup once per variant (key -> (method, overrides after the demo's)) and seed."""
     group = "ResNet-20 Fashion-MNIST, 4 workers, 4 epochs"
     rows = tuple(
-        Row(key, group, method, _FM, "dgc", 4, (*_DEMO4, *extra), baseline=key == "default")
-        for key, (method, extra) in COMPACT_FORMATS.items()
+        Row(key, group, method, _FM, "dgc", 4, (*_DEMO4, *extra), baseline=key == baseline)
+        for key, (method, extra) in variants.items()
     )
-    return seeded(rows, COMPACT_SEEDS)
+    return seeded(rows, seeds)
+
+
+def _cpu_compact_rows() -> tuple[Row, ...]:
+    return _demo_variants(COMPACT_FORMATS, "default", COMPACT_SEEDS)
 
 
 # -- the recurrent analogs, long enough for DGC (each compressed value sent ~20 times after the warm-up) -----
@@ -217,12 +222,7 @@ EXCHANGE_ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def _cpu_exchange_rows() -> tuple[Row, ...]:
-    group = "ResNet-20 Fashion-MNIST, 4 workers, 4 epochs"
-    rows = tuple(
-        Row(key, group, method, _FM, "dgc", 4, (*_DEMO4, *extra), baseline=key == "flat")
-        for key, (method, extra) in EXCHANGE_ROWS.items()
-    )
-    return seeded(rows, SEEDS)
+    return _demo_variants(EXCHANGE_ROWS, "flat", SEEDS)
 
 
 _KJV = "KJV, 2 workers x 10 streams, 12 epochs"
