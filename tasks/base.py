@@ -53,8 +53,12 @@ class Task:
     def start_epoch(self, model: nn.Module, epoch: int) -> None:
         """Hook for per-epoch state (e.g. recurrent hidden state)."""
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Metrics on the evaluation set, averaged over all workers' shards."""
+    #: the task has a validation split apart from the test split (what ``evaluate(test=False)`` reads)
+    has_validation: bool = False
+
+    def evaluate(self, model: nn.Module, test: bool = True) -> dict[str, float]:
+        """Metrics on the evaluation sets, averaged over all workers' shards; ``test=False``: the validation
+        split's only (for tasks with :attr:`has_validation`)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:

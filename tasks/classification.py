@@ -98,7 +98,9 @@ class ImageClassification(Task):
         return F.cross_entropy(model(x), y)
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, test: bool = True) -> dict[str, float]:
+        if not test:
+            raise ValueError(f"{self.cfg.task.name} has no validation split: evaluate(test=True) only")
         model.eval()
         # every worker evaluates its own shard; the tail goes to the last worker's shard
         n = len(self.eval_set)

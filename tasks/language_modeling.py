@@ -65,6 +65,7 @@ def perplexity(nll_sum: float, tokens: float) -> float:
 class LanguageModeling(Task):
     metric = "ppl"
     higher_is_better = False
+    has_validation = True
 
     def check(self) -> None:
         data = self.cfg.data
@@ -140,15 +141,13 @@ class LanguageModeling(Task):
             count += y.numel()
         return nll, count
 
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, test: bool = True) -> dict[str, float]:
         model.eval()
-        test_nll, test_n = self.stream_nll(model, self.eval_streams["test"])
         val_nll, val_n = self.stream_nll(model, self.eval_streams["valid"])
+        test_nll, test_n = self.stream_nll(model, self.eval_streams["test"]) if test else (0.0, 0)
         model.train()
         test_nll, test_n, val_nll, val_n = all_reduce_sum([test_nll, test_n, val_nll, val_n], self.info.device)
-        return {
-            "loss": test_nll / max(test_n, 1),
-            "ppl": perplexity(test_nll, test_n),
-            "val_loss": val_nll / max(val_n, 1),
-            "val_ppl": perplexity(val_nll, val_n),
-        }
+        out = {"val_loss": val_nll / max(val_n, 1), "val_ppl": perplexity(val_nll, val_n)}
+        if test:
+            out = {"loss": test_nll / max(test_n, 1), "ppl": perplexity(test_nll, test_n), **out}
+        return out

@@ -89,6 +89,8 @@ class SpeechRecognition(Task):
             self.eval_sets.append((prefix, SpeechDataset(items, self.features, cache=bool(args["cache_features"]))))
         if args["librivox"]:
             self.eval_sets.append(("librivox_", SpeechDataset(librivox_clips(), self.features, cache=True)))
+        # a dev split is the validation split; the others (test, LibriVox) are test sets
+        self.has_validation = any(prefix.startswith("dev") for prefix, _ in self.eval_sets)
         self.bucket = max(1, int(args["bucket"]))
         need = self.info.world_size * self.cfg.train.batch_size
         if len(self.train_set) < need:
@@ -143,10 +145,12 @@ class SpeechRecognition(Task):
         return self.ctc(log_probs.float(), targets, out_lengths.cpu(), target_lengths) / x.shape[0]
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, test: bool = True) -> dict[str, float]:
         model.eval()
         out: dict[str, float] = {}
         for prefix, ds in self.eval_sets:
+            if not test and not prefix.startswith("dev"):
+                continue
             n, ws, rank = len(ds), self.info.world_size, self.info.rank
             per = n // ws
             lo, hi = rank * per, (n if rank == ws - 1 else (rank + 1) * per)

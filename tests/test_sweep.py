@@ -111,8 +111,11 @@ def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
     stale.mkdir(parents=True)
     (stale / "metrics.jsonl").write_text("old\n")
     commands = []
+    real_run = subprocess.run
 
     def fake_torchrun(cmd, env=None, **kw):
+        if "torch.distributed.run" not in cmd:  # e.g. matplotlib's first import asks fc-list for the fonts
+            return real_run(cmd, env=env, **kw)
         commands.append(cmd)
         assert env["OMP_NUM_THREADS"]
         args = dict(a.split("=", 1) for a in cmd if "=" in a and not a.startswith("-"))
@@ -130,6 +133,31 @@ def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
     commands.clear()
     sweep.main(["cpu-fmnist", "--skip-done", "--no-report", "--runs-root", str(runs)])
     assert commands == []
+
+
+def test_skip_done_resumes_an_unfinished_run_from_its_checkpoint(tmp_path, monkeypatch):
+    """--skip-done: a finished run is kept, an unfinished one with a checkpoint continues (resume=auto, nothing
+    removed), one without a checkpoint starts over."""
+    runs = tmp_path / "runs"
+    done, stopped, empty = (runs / "cpu-kjv" / k for k in ("none-s0", "dgc-s0", "none-s1"))
+    fake_run(done, "kjv_lstm", "none", {"ppl": 60.0}, kind="language", world_size=2)
+    stopped.mkdir(parents=True)
+    (stopped / "checkpoint.pt").write_bytes(b"ckpt")
+    empty.mkdir(parents=True)
+    (empty / "metrics.jsonl").write_text("torn\n")
+    commands = {}
+
+    def fake_torchrun(cmd, env=None, **kw):
+        args = dict(a.split("=", 1) for a in cmd if "=" in a and not a.startswith("-"))
+        commands[Path(args["run_dir"]).name] = args
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_torchrun)
+    sweep.main(["cpu-kjv", "--skip-done", "--no-report", "--runs-root", str(runs)])
+    assert sorted(commands) == ["dgc-s0", "dgc-s1", "none-s1"]
+    assert commands["dgc-s0"].get("resume") == "auto" and (stopped / "checkpoint.pt").read_bytes() == b"ckpt"
+    assert "resume" not in commands["none-s1"] and not empty.exists()
+    assert "resume" not in commands["dgc-s1"]
 
 
 def test_local_sweep_stops_at_a_failed_run(tmp_path, monkeypatch):

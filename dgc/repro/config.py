@@ -120,6 +120,10 @@ class TrainConfig:
     bf16: bool = False
     #: progress bar on rank 0
     progress: bool = True
+    #: when the test split is evaluated: "every" evaluation, or only at the run's "end" (the evaluations before
+    #: it read the validation split only, and none are made for a task without one): settings chosen on the
+    #: validation curve, the test split read once
+    test_eval: str = "every"
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """The plots of a table (:mod:`dgc.repro.report`): the headline metric against the step and against the
-compression ratio, one panel per group, the seeds of a method averaged."""
+compression ratio, one panel per group, the seeds of a method averaged. The curves against the step show the
+validation counterpart of the headline where every run logged it along the way (runs with
+``train.test_eval=end`` read the test split only at their end)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import io
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from dgc.repro.tables import HEADLINE, METRICS, Row, Table
+from dgc.repro.tables import HEADLINE, METRICS, VALIDATION, Row, Table
 
 if TYPE_CHECKING:
     from dgc.repro.report import Run
@@ -73,6 +75,14 @@ def _curve(runs: list[Run], metric: str) -> tuple[list[int], list[float], list[f
     return steps, [sum(v) / len(v) for v in values], [min(v) for v in values], [max(v) for v in values]
 
 
+def curve_metric(runs: list[Run], headline: str) -> str:
+    """What the step curves of ``runs`` show: the headline's validation metric when every run logged it at more
+    than one evaluation, else the headline."""
+    val = VALIDATION.get(headline)
+    logged = [sum(isinstance(e.get(val), int | float) for e in run.evals) for run in runs] if val else []
+    return val if logged and min(logged) > 1 else headline  # type: ignore[return-value]
+
+
 def _has_paper(table: Table) -> bool:
     return any(r.paper.metrics for r in table.rows)
 
@@ -89,7 +99,7 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
     fig, axes = _panels(len(groups))
     for ax, group in zip(axes[0], groups):
         group_runs = [r for r in runs if r.row.group == group]
-        metric = group_runs[0].headline if group_runs else HEADLINE["image"]
+        metric = curve_metric(group_runs, group_runs[0].headline) if group_runs else HEADLINE["image"]
         dashed = banded = False
         for method, method_runs in _by_method(group_runs).items():
             steps, mean, low, high = _curve(method_runs, metric)

@@ -9,7 +9,8 @@ Each run is ``python -m dgc.train <row overrides> <extra overrides> run_dir=<run
 extra overrides (after the table name) apply to every run and win over the row's;
 ``--data-root cifar10=/data/cifar10`` sets ``data.root`` of the runs whose task starts with
 ``cifar10`` (tables that mix data sets need one per data set). A run directory
-left by an earlier sweep is removed first (``--skip-done`` keeps the finished ones instead).
+left by an earlier sweep is removed first; ``--skip-done`` keeps the finished ones instead and continues
+an unfinished one that left a checkpoint (``resume=auto``), so a stopped sweep picks up where it was.
 
 ``--launcher local`` (default here) runs ``torchrun --standalone --nproc_per_node=<world size>``
 sequentially on this machine (``OMP_NUM_THREADS`` = CPUs / ranks unless set) and stops at the first
@@ -38,19 +39,24 @@ from pathlib import Path
 from dgc.repro.tables import TABLES, Row, Table, get_table
 
 SLURM_DIR = Path("launch/slurm")
+#: the files a run directory holds a checkpoint in (dgc.repro.checkpoint keeps the last two)
+CHECKPOINTS = ("checkpoint.pt", "checkpoint.prev.pt")
 
 
 def _run_dir(args: argparse.Namespace, table: Table, row: Row) -> Path:
     return Path(args.runs_root) / table.name / row.key
 
 
-def _prepare(run_dir: Path, skip_done: bool, dry_run: bool) -> bool:
-    """Remove a stale run directory; False when the run is finished and ``skip_done`` keeps it."""
+def _prepare(run_dir: Path, skip_done: bool, dry_run: bool) -> str:
+    """What to do with a row's run directory: ``"done"`` (finished, kept with ``skip_done``), ``"resume"``
+    (unfinished with a checkpoint, continued with ``skip_done``) or ``"fresh"`` (anything left removed)."""
     if skip_done and (run_dir / "summary.json").is_file():
-        return False
+        return "done"
+    if skip_done and any((run_dir / name).is_file() for name in CHECKPOINTS):
+        return "resume"
     if run_dir.exists() and not dry_run:
         shutil.rmtree(run_dir)
-    return True
+    return "fresh"
 
 
 def train_overrides(row: Row, extra: list[str], run_dir: Path) -> list[str]:
@@ -94,19 +100,25 @@ def extra_overrides(row: Row, args: argparse.Namespace) -> list[str]:
     return [*roots[:1], *args.overrides]
 
 
-def _to_run(table: Table, rows: list[Row], args: argparse.Namespace) -> Iterator[tuple[Row, int, Path]]:
-    """``(row, world size, run directory)`` of each row to run now (finished ones kept with --skip-done)."""
+def _to_run(table: Table, rows: list[Row], args: argparse.Namespace) -> Iterator[tuple[Row, int, Path, list[str]]]:
+    """``(row, world size, run directory, extra overrides)`` of each row to run now: finished ones are kept
+    and unfinished ones resumed with --skip-done."""
     for row in rows:
         run_dir = _run_dir(args, table, row)
-        if not _prepare(run_dir, args.skip_done, args.dry_run):
+        what = _prepare(run_dir, args.skip_done, args.dry_run)
+        if what == "done":
             print(f"[sweep] {table.name}/{row.key}: done, kept ({run_dir})", file=sys.stderr)
             continue
-        yield row, args.world_size or row.world_size, run_dir
+        extra = extra_overrides(row, args)
+        if what == "resume":
+            print(f"[sweep] {table.name}/{row.key}: unfinished, resuming from its checkpoint", file=sys.stderr)
+            extra = [*extra, "resume=auto"]
+        yield row, args.world_size or row.world_size, run_dir, extra
 
 
 def run_local(table: Table, rows: list[Row], args: argparse.Namespace) -> None:
-    for row, world_size, run_dir in _to_run(table, rows, args):
-        cmd = local_command(row, world_size, extra_overrides(row, args), run_dir)
+    for row, world_size, run_dir, extra in _to_run(table, rows, args):
+        cmd = local_command(row, world_size, extra, run_dir)
         print(f"[sweep] {table.name}/{row.key}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         if args.dry_run:
             continue
@@ -119,8 +131,8 @@ def run_local(table: Table, rows: list[Row], args: argparse.Namespace) -> None:
 
 def submit_slurm(table: Table, rows: list[Row], args: argparse.Namespace) -> list[str]:
     jobs = []
-    for row, world_size, run_dir in _to_run(table, rows, args):
-        cmd, env = slurm_command(table, row, world_size, extra_overrides(row, args), run_dir, args)
+    for row, world_size, run_dir, extra in _to_run(table, rows, args):
+        cmd, env = slurm_command(table, row, world_size, extra, run_dir, args)
         print(f"[sweep] {table.name}/{row.key}: NPROC={env['NPROC']} {shlex.join(cmd)}", file=sys.stderr, flush=True)
         if args.dry_run:
             continue
@@ -164,7 +176,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpus-per-node", type=int, default=4, help="slurm: GPUs (ranks) per node (default: 4)")
     p.add_argument("--cpu", action="store_true", help="slurm: submit without GPUs (CPU ranks, gloo)")
     p.add_argument("--sbatch", action="append", default=[], help="slurm: one more sbatch option (repeatable)")
-    p.add_argument("--skip-done", action="store_true", help="keep finished runs (summary.json) instead of redoing")
+    p.add_argument(
+        "--skip-done",
+        action="store_true",
+        help="keep finished runs (summary.json) and resume unfinished ones from their checkpoint instead of redoing",
+    )
     p.add_argument("--no-report", action="store_true", help="make the runs only")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_intermixed_args(argv)

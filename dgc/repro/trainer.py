@@ -83,6 +83,7 @@ def validate(cfg: Config) -> None:
         (t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}"),
         (t.checkpoint_minutes >= 0, f"train.checkpoint_minutes must be >= 0, got {t.checkpoint_minutes}"),
         (t.max_bad_steps >= 1, f"train.max_bad_steps must be >= 1, got {t.max_bad_steps}"),
+        (t.test_eval in ("every", "end"), f"train.test_eval must be every or end, got {t.test_eval!r}"),
         (cfg.timeout_s > 0, f"timeout_s must be > 0, got {cfg.timeout_s}"),
     ]
     for ok, message in checks:
@@ -336,8 +337,13 @@ class Trainer:
     def _evaluate(self, end_of_epoch: bool) -> None:
         per_epoch = self.steps_per_epoch * self.cfg.train.accumulate
         epoch = self.epoch + 1 if end_of_epoch else round(self.epoch + self.batch / per_epoch, 4)
-        self.files.console(f"evaluating at step {self.step} (epoch {epoch:g})")
-        self.last_eval = self.task.evaluate(self.model)
+        # train.test_eval=end: the test split once, at the run's last evaluation; the validation split before it
+        test = self.cfg.train.test_eval == "every" or self.step == self.total_steps
+        if not test and not self.task.has_validation:
+            return
+        split = "" if test else " (validation split only; test at the end)"
+        self.files.console(f"evaluating at step {self.step} (epoch {epoch:g}){split}")
+        self.last_eval = self.task.evaluate(self.model, test=test)
         self.last_eval_step = self.step
         record = {"kind": "eval", "step": self.step, "epoch": epoch}
         record.update(self.last_eval)
