@@ -27,6 +27,7 @@ import dgc.train  # noqa: F401  (registers the schema the configs start from)
 from dgc.distributed import DistInfo, init_distributed
 from dgc.repro.config import Config
 from dgc.repro.trainer import ConfigError, Trainer
+from tests.runs import records
 
 CPU = torch.device("cpu")
 TINY_MODEL = ["model.args.embed=16", "model.args.hidden=16", "model.args.layers=1"]
@@ -223,6 +224,20 @@ def test_ptb_lstm_trains_two_steps(ptb, tmp_path):
     assert math.isfinite(m["ppl"]) and 1 < m["ppl"] < 10 * 17  # vocabulary of 16 words + <eos>
     assert m["ppl"] == pytest.approx(math.exp(m["loss"]))
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"]["ppl"] == m["ppl"]
+
+
+def test_test_eval_end_reads_the_test_split_once(ptb, tmp_path):
+    """train.test_eval=end: the evaluations after each epoch read the validation split only, the last one both,
+    with the same numbers a run evaluating everything every epoch gets."""
+    common = ["task=ptb_lstm", f"data.root={ptb}", "device=cpu", "train.batch_size=2", "data.args.bptt=6",
+              "train.epochs=3", "train.progress=false", *TINY_MODEL]  # fmt: skip
+    every = Trainer(config(*common, f"run_dir={tmp_path / 'every'}"), info()).fit()
+    once = Trainer(config(*common, "train.test_eval=end", f"run_dir={tmp_path / 'once'}"), info()).fit()
+    assert once["metrics"] == every["metrics"] and "ppl" in once["metrics"]
+    evals = records(tmp_path / "once", "eval")
+    assert len(evals) == 3 and all("ppl" not in e and "loss" not in e for e in evals[:-1])
+    assert [e["val_ppl"] for e in evals] == [e["val_ppl"] for e in records(tmp_path / "every", "eval")]
+    assert "ppl" in evals[-1]
 
 
 def test_language_resume_continues_the_hidden_state_exactly(ptb, tmp_path):

@@ -257,6 +257,19 @@ def test_losses_fall_on_a_tiny_corpus(tmp_path):
     assert len(losses) == 16 and sum(losses[-4:]) < 0.8 * sum(losses[:4])
 
 
+def test_test_eval_end_scores_only_the_dev_split_until_the_end(tmp_path):
+    root = write_librispeech(tmp_path / "synth", {"train": 4, "dev": 2, "test": 2})
+    run = [*RUN[:-2], "train.epochs=2", "train.progress=false", f"run_dir={tmp_path / 'run'}"]
+    cfg = config("task=synth_deepspeech", f"data.root={root}", "data.args.librivox=false", "train.test_eval=end",
+                 *run, *TINY_MODEL)  # fmt: skip
+    summary = Trainer(cfg, init_distributed("cpu")).fit()
+    evals = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "eval"]  # fmt: skip
+    metrics = {k for k in evals[0] if k not in ("kind", "step", "epoch", "wire_ratio")}
+    assert len(evals) == 2 and metrics == {"dev_wer", "dev_cer"}
+    assert {"wer", "cer", "dev_wer"} <= set(evals[1]) and summary["metrics"]["wer"] == evals[1]["wer"]
+
+
 @pytest.mark.skipif(not (LIBRIVOX_DIR / "fileids").is_file(), reason="needs pocketsphinx-testdata")
 def test_synth_deepspeech_also_scores_the_librivox_clips(tmp_path):
     clips = librivox_clips()

@@ -163,8 +163,9 @@ def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
         (["resume=true"], "resume=true but"),
         (["train.max_step=3"], "max_step"),
         (["optim.lr=abc"], "optim.lr"),
+        (["train.test_eval=sometimes"], "train.test_eval must be every or end"),
     ],
-    ids=["unknown-task", "density-0", "missing-data", "resume-without-checkpoint", "typo", "wrong-type"],
+    ids=["unknown-task", "density-0", "missing-data", "resume-without-checkpoint", "typo", "wrong-type", "test-eval"],
 )
 def test_bad_overrides(override, message, fmnist, tmp_path):
     run_dir = tmp_path / "r"
@@ -178,6 +179,15 @@ def test_bad_overrides(override, message, fmnist, tmp_path):
     assert "Traceback" not in out.stdout + out.stderr
     assert not run_dir.exists()
     assert os.listdir(cwd) == []
+
+
+def test_test_eval_end_without_a_validation_split_evaluates_once(fmnist, tmp_path):
+    """Fashion-MNIST has no validation split: with train.test_eval=end only the run's end is evaluated."""
+    cfg = _compose(*TINY, f"data.root={fmnist}", "data.limit=32", "train.epochs=2", "train.test_eval=end",
+                   f"run_dir={tmp_path / 'r'}")  # fmt: skip
+    summary = Trainer(cfg, init_distributed("cpu")).fit()
+    evals = records(tmp_path / "r", "eval")
+    assert [e["step"] for e in evals] == [summary["steps"]] and "top1" in evals[0]
 
 
 def test_existing_run_is_refused(fmnist, tmp_path):
