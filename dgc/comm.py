@@ -89,7 +89,9 @@ class Comm:
         comm.local_bus = local_bus
         return comm
 
-    def _count(self, sent: int, recv: int) -> None:
+    def count(self, sent: int, recv: int) -> None:
+        """Account one collective (this worker's ``sent`` and ``recv`` bytes); for transports outside this
+        object that move a collective's data (the shared-memory local bus, :mod:`dgc.localbus`)."""
         self.traffic.add(sent, recv, local=self.local_bus)
 
     @classmethod
@@ -113,7 +115,7 @@ class Comm:
         16-bit buffers are divided before the sum so that it cannot overflow.
         """
         nbytes = flat.numel() * flat.element_size()
-        self._count(nbytes, nbytes if self.world_size > 1 else 0)
+        self.count(nbytes, nbytes if self.world_size > 1 else 0)
         if self.world_size > 1:
             pre_divide = flat.element_size() < 4
             if pre_divide:
@@ -127,7 +129,7 @@ class Comm:
     def allreduce_max_(self, flat: torch.Tensor) -> torch.Tensor:
         """Element-wise maximum over all workers, in place."""
         nbytes = flat.numel() * flat.element_size()
-        self._count(nbytes, nbytes if self.world_size > 1 else 0)
+        self.count(nbytes, nbytes if self.world_size > 1 else 0)
         if self.world_size > 1:
             with self.phases("communicate"):
                 dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=self.group)
@@ -140,7 +142,7 @@ class Comm:
             raise ValueError(f"reduce_scatter_mean needs a length divisible by {n}, got {flat.numel()}")
         nbytes = flat.numel() * flat.element_size()
         # a reduce-scatter moves (N-1)/N of the buffer out of and into each worker
-        self._count(nbytes * (n - 1) // n, nbytes * (n - 1) // n)
+        self.count(nbytes * (n - 1) // n, nbytes * (n - 1) // n)
         if n == 1:
             return flat
         out = flat.new_empty(flat.numel() // n)
@@ -155,18 +157,18 @@ class Comm:
         if len(counts) != n or sum(counts) != buf.numel():
             raise ValueError(f"all_to_all wants {n} counts adding up to {buf.numel()}, got {counts}")
         if n == 1:
-            self._count(0, 0)
+            self.count(0, 0)
             return buf, list(counts)
         sizes = torch.tensor(counts, dtype=torch.int64)
         got = torch.empty_like(sizes)
-        self._count(8 * (n - 1), 8 * (n - 1))
+        self.count(8 * (n - 1), 8 * (n - 1))
         with self.phases("communicate"):
             dist.all_to_all_single(got, sizes, group=self.group)
         recv_counts = got.tolist()
         out = buf.new_empty(sum(recv_counts))
         item = buf.element_size()
         mine = counts[self.rank]
-        self._count((buf.numel() - mine) * item, (out.numel() - recv_counts[self.rank]) * item)
+        self.count((buf.numel() - mine) * item, (out.numel() - recv_counts[self.rank]) * item)
         with self.phases("communicate"):
             dist.all_to_all_single(out, buf, recv_counts, list(counts), group=self.group)
         return out, recv_counts
@@ -174,7 +176,7 @@ class Comm:
     def allgather(self, buf: torch.Tensor) -> torch.Tensor:
         """Gather equal-sized 1-D tensors: returns ``[world_size, len(buf)]``."""
         nbytes = buf.numel() * buf.element_size()
-        self._count(nbytes, nbytes * (self.world_size - 1))
+        self.count(nbytes, nbytes * (self.world_size - 1))
         if self.world_size == 1:
             return buf.unsqueeze(0)
         out = buf.new_empty((self.world_size, buf.numel()))
@@ -192,7 +194,7 @@ class Comm:
         if buf.dtype != torch.uint8 or buf.dim() != 1:
             raise ValueError("allgather_bytes takes a 1-D uint8 tensor")
         if self.world_size == 1:
-            self._count(buf.numel(), 0)
+            self.count(buf.numel(), 0)
             return buf.unsqueeze(0), [buf.numel()]
         length = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
         lengths = self.allgather(length).view(-1).tolist()

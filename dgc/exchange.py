@@ -10,7 +10,10 @@
   of about M * k / R entries per rank, not of the dense shard). Each machine
   is one DGC worker: the network carries M messages per shard instead of M * R. The tensors left dense
   (biases, BatchNorm) go the same way: reduce-scatter inside, an allreduce of each shard between the
-  machines, allgather inside. With one rank per machine it is exactly ``flat``.
+  machines, allgather inside. With one rank per machine it is exactly ``flat``. The local bus
+  (``local_bus``): the machine's process group (NCCL on GPUs; gloo sends TCP over loopback), or for CPU
+  tensors shared memory (:mod:`dgc.localbus`; ``auto``, the default, picks it when it works), where the
+  ranks read each other's shards instead of sending them.
 * ``sparse_allreduce`` (after Ok-Topk, Li & Hoefler 2022): the flat index space of the compressed
   tensors is cut into N regions, one per worker, with boundaries that follow where the previous step's
   result fell (so every worker owns about as many entries). Every worker sends each owner the entries
@@ -29,6 +32,7 @@ a machine's R clipped gradients then has about the norm one machine-sized worker
 
 from __future__ import annotations
 
+import warnings
 from typing import ClassVar
 
 import torch
@@ -38,6 +42,7 @@ from dgc.comm import Comm
 from dgc.compressors.base import Compressor, Item, copy_back
 from dgc.compressors.dense import allreduce_dense
 from dgc.compressors.sparse import SparseCompressor
+from dgc.localbus import LOCAL_BUSES, SharedMemoryBus, SharedMemoryError
 from dgc.select import target_count
 from dgc.timing import Phases
 from dgc.topology import Topology
@@ -89,11 +94,35 @@ class Hierarchical(Exchange):
 
     name: ClassVar[str] = "hierarchical"
 
-    def __init__(self, comm: Comm, topology: Topology):
+    def __init__(self, comm: Comm, topology: Topology, local_bus: str = "auto"):
         super().__init__(comm)
+        if local_bus not in LOCAL_BUSES:
+            raise ValueError(f"sync.local_bus must be one of {', '.join(LOCAL_BUSES)}, got {local_bus!r}")
         self.topology = topology
         self.local = comm.sub(topology.local, local_bus=True)
         self.cross = comm.sub(topology.cross)
+        self.local_bus = local_bus
+        #: the machine's shared-memory bus while it is used (None: its process group)
+        self.bus: SharedMemoryBus | None = None
+        if local_bus != "group" and topology.ranks_per_node > 1:
+            self.bus = SharedMemoryBus(self.local, topology.machine * topology.ranks_per_node)
+
+    def _reduce_scatter(self, key: str, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's 1/R of the machine's mean of ``flat``: through shared memory for CPU tensors unless
+        local_bus=group (auto falls back to the group, on every rank of the machine alike, when it fails)."""
+        if self.bus is not None and flat.device.type != "cpu":
+            if self.local_bus == "shm":
+                raise ValueError(f"sync.local_bus=shm is for CPU tensors, not {flat.device}: use auto or group")
+            self.bus = None
+        if self.bus is not None:
+            try:
+                return self.bus.reduce_scatter_mean(key, flat)
+            except SharedMemoryError as exc:
+                if self.local_bus == "shm":
+                    raise
+                warnings.warn(f"{exc}; the machine's ranks use their process group instead", stacklevel=3)
+                self.bus = None
+        return self.local.reduce_scatter_mean(flat)
 
     def check(self, compressor: Compressor) -> None:
         if not isinstance(compressor, SparseCompressor):
@@ -110,9 +139,14 @@ class Hierarchical(Exchange):
             return
         with phases("compress"):
             flat = _flatten(items, r)
-        shard = self.local.reduce_scatter_mean(flat)  # this rank's 1/R of the machine's mean gradient
+        shard = self._reduce_scatter("sparse", flat)  # this rank's 1/R of the machine's mean gradient
         lo = self.topology.local_rank * shard.numel()
         compressor.exchange(_pieces(items, lo, lo + shard.numel(), shard), self.cross, phases)
+        if self.bus is not None:  # the machine's ranks read each other's averaged shards from shared memory
+            whole = self.bus.share("sparse", shard)
+            with phases("decompress"):
+                copy_back(items, whole)
+            return
         # the shard now holds its average over the machines: sparse (the union of M selections), so the
         # ranks of a machine share its nonzero entries (fp32, exact) rather than the dense shard
         with phases("compress"):
@@ -137,9 +171,9 @@ class Hierarchical(Exchange):
             return
         with phases("compress"):
             flat = _flatten(items, r).to(dtype)
-        shard = self.local.reduce_scatter_mean(flat)
+        shard = self._reduce_scatter("dense", flat)
         self.cross.allreduce_mean_(shard)
-        whole = self.local.allgather(shard).view(-1)
+        whole = self.bus.share("dense", shard) if self.bus is not None else self.local.allgather(shard).view(-1)
         with phases("decompress"):
             copy_back(items, whole.to(items[0].grad.dtype))
 
@@ -230,12 +264,13 @@ class SparseAllreduce(Exchange):
             self._rebalance(all_pos, total, n)
 
 
-def build_exchange(name: str, comm: Comm, ranks_per_node: int | None = None) -> Exchange:
-    """The exchange ``name`` over ``comm``'s workers (the topology's groups are made here: call on every rank)."""
+def build_exchange(name: str, comm: Comm, ranks_per_node: int | None = None, local_bus: str = "auto") -> Exchange:
+    """The exchange ``name`` over ``comm``'s workers (the topology's groups are made here: call on every rank);
+    ``ranks_per_node`` and ``local_bus`` (:data:`dgc.localbus.LOCAL_BUSES`) are for ``hierarchical``."""
     if name == "flat":
         return Exchange(comm)
     if name == "hierarchical":
-        return Hierarchical(comm, Topology.build(ranks_per_node))
+        return Hierarchical(comm, Topology.build(ranks_per_node), local_bus)
     if name == "sparse_allreduce":
         return SparseAllreduce(comm)
     raise ValueError(f"unknown exchange {name!r}; valid: {', '.join(EXCHANGES)}")

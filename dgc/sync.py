@@ -53,6 +53,7 @@ from dgc.compressors import Compressor
 from dgc.compressors.base import Item
 from dgc.compressors.onebit import OneBit
 from dgc.exchange import EXCHANGES, Exchange, build_exchange
+from dgc.localbus import LOCAL_BUSES
 from dgc.timing import Phases
 from dgc.wire import DTYPES
 
@@ -100,6 +101,9 @@ class SyncConfig:
     exchange: str = "flat"
     #: ranks per machine for exchange=hierarchical (null: from the launcher, LOCAL_WORLD_SIZE or Slurm)
     ranks_per_node: int | None = None
+    #: exchange=hierarchical, how a machine's ranks share data: auto (shared memory for CPU tensors when it
+    #: works, else the process group), shm, group (:mod:`dgc.localbus`)
+    local_bus: str = "auto"
     #: exchange=auto: the network rate per machine (a tc rate: 1gbit, 10gbit, 25gbit)
     bandwidth: str = "1gbit"
     #: exchange=auto: the report of ``python -m dgc.costmodel`` (make bench-cluster writes this one)
@@ -114,13 +118,16 @@ class SyncConfig:
         rate_bytes(self.bandwidth)  # ValueError naming the valid units
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise ValueError(f"sync.ranks_per_node must be >= 1 or null, got {self.ranks_per_node}")
+        if self.local_bus not in LOCAL_BUSES:
+            raise ValueError(f"sync.local_bus must be one of {', '.join(LOCAL_BUSES)}, got {self.local_bus!r}")
 
     def build(self, model: Any, compressor: Compressor, comm: Comm | None = None) -> GradientSync:
         exchange, reason = self.exchange, ""
         if exchange == "auto":
             exchange, reason = self.choose(model, compressor, comm)
         sync = GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
-                            exchange=exchange, ranks_per_node=self.ranks_per_node)  # fmt: skip
+                            exchange=exchange, ranks_per_node=self.ranks_per_node,
+                            local_bus=self.local_bus)  # fmt: skip
         sync.exchange_reason = reason
         return sync
 
@@ -207,6 +214,7 @@ class GradientSync:
         exchange: how the compressed tensors travel (:mod:`dgc.exchange`): ``flat``, ``hierarchical``,
             ``sparse_allreduce``, or an :class:`~dgc.exchange.Exchange`.
         ranks_per_node: for ``hierarchical`` (None: from the launcher's environment).
+        local_bus: for ``hierarchical``, how a machine's ranks share data (:data:`dgc.localbus.LOCAL_BUSES`).
     """
 
     def __init__(
@@ -222,6 +230,7 @@ class GradientSync:
         check_finite: bool = True,
         exchange: str | Exchange = "flat",
         ranks_per_node: int | None = None,
+        local_bus: str = "auto",
     ):
         named = model.named_parameters() if isinstance(model, torch.nn.Module) else model
         self.params: list[tuple[str, torch.nn.Parameter]] = [(n, p) for n, p in named if p.requires_grad]
@@ -236,7 +245,9 @@ class GradientSync:
         self.comm = comm if comm is not None else Comm(group)
         self.compressor.bind(self.comm)
         self.exchange = (
-            exchange if isinstance(exchange, Exchange) else build_exchange(exchange, self.comm, ranks_per_node)
+            exchange
+            if isinstance(exchange, Exchange)
+            else build_exchange(exchange, self.comm, ranks_per_node, local_bus)
         )
         if not compressor.handles_all_tensors or self.exchange.name != "flat":
             self.exchange.check(compressor)

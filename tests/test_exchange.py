@@ -4,12 +4,15 @@ sparse allreduce (regions reduced at owners), against the flat exchange and agai
 from __future__ import annotations
 
 import copy
+import os
+import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import dgc
+from dgc.localbus import SharedMemoryError
 from dgc.topology import Topology
 from tests.multiproc import run
 from tests.test_sync_dist import local_backward, make_model, params
@@ -136,6 +139,71 @@ def test_hierarchical_trains_and_keeps_every_rank_identical():
     for out in outs:  # this rank's shard state, saved and loaded, continues the identical trajectory
         for a, b in zip(out["params"], out["resumed"], strict=True):
             assert torch.equal(a, b)
+
+
+# -- the shared-memory local bus (dgc.localbus) -----------------------------------------------------------
+
+
+def _buses(rank: int, world: int, r: int) -> dict:
+    kwargs = {"density": 0.05, "warmup_epochs": 0.5}
+    out = {}
+    for bus in ("shm", "group"):
+        model, sync, losses, stats = _train(rank, "hierarchical", "dgc", kwargs, 8, r=r, local_bus=bus)
+        out[bus] = {"params": params(model), "losses": losses, "local": stats[-1].local_bytes,
+                    "sent": stats[-1].sent_bytes, "on_bus": sync.exchange.bus is not None}  # fmt: skip
+    # the buffers' files are gone as soon as every rank mapped them
+    out["left"] = [f for f in os.listdir("/dev/shm") if f.startswith(f"dgc-{os.getpid()}-")]
+    return out
+
+
+@pytest.mark.parametrize("r", [2, 4])
+def test_shared_memory_bus_matches_the_process_group(r):
+    """Through shared memory or gloo, the machine's ranks compute the same shards: exactly with 2 ranks per
+    machine (a + b either way), to float rounding with 4 (another order of the sums); bytes counted alike."""
+    for out in run(_buses, 4, r):
+        shm, group = out["shm"], out["group"]
+        assert shm["on_bus"] and not group["on_bus"] and out["left"] == []
+        assert shm["sent"] == group["sent"] and shm["local"] > 0
+        for a, b in zip(shm["params"], group["params"], strict=True):
+            if r == 2:
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        if r == 2:
+            assert shm["losses"] == group["losses"]
+
+
+def _apart(rank: int, world: int, tmp: str, mode: str) -> dict:
+    # each rank looks for the buffers in its own directory: as if ranks_per_node=2 put them on two machines
+    os.environ["DGC_SHM_DIR"] = os.path.join(tmp, str(rank))
+    os.makedirs(os.environ["DGC_SHM_DIR"])
+    kwargs = {"density": 0.05}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model, sync, _, _ = _train(rank, "hierarchical", "dgc", kwargs, 3, r=2, local_bus=mode)
+    except SharedMemoryError as exc:
+        return {"error": str(exc), "left": os.listdir(os.environ["DGC_SHM_DIR"])}
+    ref, _, _, _ = _train(rank, "hierarchical", "dgc", kwargs, 3, r=2, local_bus="group")
+    same = all(torch.equal(a, b) for a, b in zip(params(model), params(ref), strict=True))
+    return {"warnings": [str(w.message) for w in caught], "same": same, "bus": sync.exchange.bus is None,
+            "left": os.listdir(os.environ["DGC_SHM_DIR"])}  # fmt: skip
+
+
+def test_ranks_that_cannot_share_memory_fall_back_or_fail_alike(tmp_path):
+    auto = run(_apart, 2, str(tmp_path / "auto"), "auto")
+    for out in auto:  # auto: one warning naming why, then the process group, with the same result
+        assert out["same"] and out["bus"] and out["left"] == []
+    assert any("another rank of the machine could not map" in w for w in auto[0]["warnings"]), auto[0]["warnings"]
+    assert any("rank 1 of the machine cannot map" in w for w in auto[1]["warnings"]), auto[1]["warnings"]
+    shm = run(_apart, 2, str(tmp_path / "shm"), "shm")
+    assert all("shared-memory local bus" in out["error"] and out["left"] == [] for out in shm)
+    assert "rank 1 of the machine cannot map" in shm[1]["error"]
+
+
+def test_a_bad_local_bus_names_the_valid_ones():
+    with pytest.raises(ValueError, match="sync.local_bus must be one of auto, shm, group"):
+        dgc.SyncConfig(local_bus="nvlink")
 
 
 def _wrong_compressor(rank: int, world: int) -> str:
