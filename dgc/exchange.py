@@ -220,48 +220,76 @@ class SparseAllreduce(Exchange):
         total = int(sizes.sum())
         with phases("compress"):
             positions, values, accumulators = compressor.pick(items, phases)
+            # ascending flat positions: the tensors in order, each one's positions ascending
             flat_pos = torch.cat([p + o for p, o in zip(positions, offsets.tolist())])
             flat_val = torch.cat(values).float()
             bounds = self._regions(total, n, device)
             owner = torch.searchsorted(bounds, flat_pos, right=True) - 1
-            counts = torch.bincount(owner, minlength=n).tolist()  # positions are ascending: already by owner
-        got_pos, _ = comm.all_to_all(flat_pos, counts)
-        got_val, _ = comm.all_to_all(flat_val.to(compressor.wire.value_dtype), counts)
+            counts = torch.bincount(owner, minlength=n).tolist()  # ascending positions: already by owner
+            records = _pack(flat_pos, flat_val.to(compressor.wire.value_dtype), total)
+        got, _ = comm.all_to_all(records.view(-1), [c * records.shape[1] for c in counts])
         with phases("compress"):
+            got_pos, got_val = _unpack(got.view(-1, records.shape[1]), compressor.wire.value_dtype)
             lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
             uniq, inverse = torch.unique(got_pos, return_inverse=True)
             summed = torch.zeros(uniq.numel(), dtype=torch.float32, device=device).index_add_(
                 0, inverse, got_val.float()
             )
             keep = min(uniq.numel(), target_count(hi - lo, compressor.density()) if hi > lo else 0)
-            top = torch.topk(summed.abs(), keep, sorted=False).indices if keep < uniq.numel() else None
-            kept_pos = uniq if top is None else uniq[top.sort().values]
-            kept_val = (summed if top is None else summed[top.sort().values]).div_(n)
+            top = torch.topk(summed.abs(), keep, sorted=False).indices.sort().values if keep < uniq.numel() else None
+            kept_pos = uniq if top is None else uniq[top]
+            kept_val = (summed if top is None else summed[top]).div_(n)
             # the sums go in fp32: a 16-bit rounding here would have no residual to stay in
             fmt = wire.WireFormat("fp32", compressor.wire.indices)
             message = wire.encode([kept_val], [kept_pos - lo], fmt, [max(hi - lo, 1)])
         rows, lengths = comm.allgather_bytes(message)
         with phases("decompress"):
             parts = [wire.decode(rows[r, : lengths[r]], bounds[r : r + 1], fmt) for r in range(rows.shape[0])]
-            all_pos = torch.cat([p for p, _ in parts])
+            all_pos = torch.cat([p for p, _ in parts])  # ascending: the regions in order, each one ascending
             all_val = torch.cat([v for _, v in parts])
             grads = [it.grad.view(-1) for it in items]
             torch._foreach_zero_(grads)
-            tensor_of = torch.searchsorted(offsets, all_pos, right=True) - 1
-            for t, grad in enumerate(grads):
-                mine = tensor_of == t
-                if bool(mine.any()):
-                    grad.index_add_(0, all_pos[mine] - offsets[t], all_val[mine].to(grad.dtype))
+            _scatter_sorted(grads, offsets, all_pos, all_val)
             # what this worker sent that no owner kept goes back to its residual
-            lost = ~torch.isin(flat_pos, all_pos)
+            at = torch.searchsorted(all_pos, flat_pos).clamp_(max=max(all_pos.numel() - 1, 0))
+            lost = all_pos[at] != flat_pos if all_pos.numel() else torch.ones_like(flat_pos, dtype=torch.bool)
             if bool(lost.any()):
-                back_t = torch.searchsorted(offsets, flat_pos[lost], right=True) - 1
-                for t, acc in enumerate(accumulators):
-                    mine = back_t == t
-                    if bool(mine.any()):
-                        acc.index_add_(0, flat_pos[lost][mine] - offsets[t], flat_val[lost][mine].to(acc.dtype))
+                _scatter_sorted(accumulators, offsets, flat_pos[lost], flat_val[lost], add=True)
             phases.counters["values_returned"] += int(lost.sum())
             self._rebalance(all_pos, total, n)
+
+
+def _pack(pos: torch.Tensor, val: torch.Tensor, total: int) -> torch.Tensor:
+    """One record per entry, ``[position (int32, or int64 past 2**31 entries) | value]`` as bytes: ``[n, width]``."""
+    index_dtype = torch.int32 if total < 2**31 else torch.int64
+    return torch.cat([pos.to(index_dtype).view(torch.uint8).view(pos.numel(), -1),
+                      val.contiguous().view(torch.uint8).view(val.numel(), -1)], dim=1)  # fmt: skip
+
+
+def _unpack(records: torch.Tensor, value_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions (int64) and values of :func:`_pack`'s records."""
+    vbytes = torch.empty((), dtype=value_dtype).element_size()
+    index_dtype = torch.int32 if records.shape[1] - vbytes == 4 else torch.int64
+    pos = records[:, :-vbytes].contiguous().view(index_dtype).view(-1).to(torch.int64)
+    return pos, records[:, -vbytes:].contiguous().view(value_dtype).view(-1)
+
+
+def _scatter_sorted(
+    flats: list[torch.Tensor], offsets: torch.Tensor, pos: torch.Tensor, val: torch.Tensor, add: bool = False
+) -> None:
+    """Write (or add) ``val`` at the ascending flat positions ``pos`` into the tensors starting at ``offsets``:
+    each tensor's entries are one slice of ``pos`` (no pass over all entries per tensor)."""
+    ends = torch.searchsorted(pos, torch.cat([offsets[1:], offsets.new_tensor([2**62])])).tolist()
+    start = 0
+    for t, flat in enumerate(flats):
+        end = ends[t]
+        if end > start:
+            at = pos[start:end] - offsets[t]
+            if add:
+                flat.index_add_(0, at, val[start:end].to(flat.dtype))
+            else:
+                flat[at] = val[start:end].to(flat.dtype)
+        start = end
 
 
 def build_exchange(name: str, comm: Comm, ranks_per_node: int | None = None, local_bus: str = "auto") -> Exchange:
