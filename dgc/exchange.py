@@ -107,21 +107,36 @@ class Hierarchical(Exchange):
         if local_bus != "group" and topology.ranks_per_node > 1:
             self.bus = SharedMemoryBus(self.local, topology.machine * topology.ranks_per_node)
 
-    def _reduce_scatter(self, key: str, flat: torch.Tensor) -> torch.Tensor:
-        """This rank's 1/R of the machine's mean of ``flat``: through shared memory for CPU tensors unless
-        local_bus=group (auto falls back to the group, on every rank of the machine alike, when it fails)."""
-        if self.bus is not None and flat.device.type != "cpu":
+    def _mean_shard(self, key: str, items: list[Item], dtype: torch.dtype, phases: Phases) -> torch.Tensor:
+        """This rank's 1/R of the machine's mean of the items' flattened gradients (in ``dtype``): through shared
+        memory for CPU tensors unless local_bus=group (auto falls back to the group, on every rank of the machine
+        alike, when it fails), where the shard is a view of the shared result (see :mod:`dgc.localbus`)."""
+        device = items[0].grad.device
+        if self.bus is not None and device.type != "cpu":
             if self.local_bus == "shm":
-                raise ValueError(f"sync.local_bus=shm is for CPU tensors, not {flat.device}: use auto or group")
+                raise ValueError(f"sync.local_bus=shm is for CPU tensors, not {device}: use auto or group")
             self.bus = None
+        r = self.topology.ranks_per_node
         if self.bus is not None:
+            total = sum(it.grad.numel() for it in items)
             try:
-                return self.bus.reduce_scatter_mean(key, flat)
+                slot = self.bus.slot(key, total + (-total % r), dtype)
             except SharedMemoryError as exc:
                 if self.local_bus == "shm":
                     raise
                 warnings.warn(f"{exc}; the machine's ranks use their process group instead", stacklevel=3)
                 self.bus = None
+            else:
+                with phases("compress"):  # the flattening copy, straight into shared memory
+                    pos = 0
+                    for it in items:
+                        n = it.grad.numel()
+                        slot[pos : pos + n].copy_(it.grad.view(-1))
+                        pos += n
+                    slot[pos:].zero_()
+                return self.bus.reduce_scatter_mean(key)
+        with phases("compress"):
+            flat = _flatten(items, r).to(dtype)
         return self.local.reduce_scatter_mean(flat)
 
     def check(self, compressor: Compressor) -> None:
@@ -137,16 +152,15 @@ class Hierarchical(Exchange):
         if r == 1:
             compressor.exchange(items, self.cross, phases)
             return
-        with phases("compress"):
-            flat = _flatten(items, r)
-        shard = self._reduce_scatter("sparse", flat)  # this rank's 1/R of the machine's mean gradient
+        shard = self._mean_shard("sparse", items, items[0].grad.dtype, phases)  # this rank's 1/R of the mean
         lo = self.topology.local_rank * shard.numel()
         compressor.exchange(_pieces(items, lo, lo + shard.numel(), shard), self.cross, phases)
         if self.bus is not None:  # the machine's ranks read each other's averaged shards from shared memory
-            whole = self.bus.share("sparse", shard)
+            whole = self.bus.share("sparse")
             with phases("decompress"):
                 copy_back(items, whole)
             return
+        flat = shard.new_empty(shard.numel() * r)
         # the shard now holds its average over the machines: sparse (the union of M selections), so the
         # ranks of a machine share its nonzero entries (fp32, exact) rather than the dense shard
         with phases("compress"):
@@ -169,11 +183,9 @@ class Hierarchical(Exchange):
         if r == 1 or not items:
             super().dense(items, phases, dtype)
             return
-        with phases("compress"):
-            flat = _flatten(items, r).to(dtype)
-        shard = self._reduce_scatter("dense", flat)
+        shard = self._mean_shard("dense", items, dtype, phases)
         self.cross.allreduce_mean_(shard)
-        whole = self.bus.share("dense", shard) if self.bus is not None else self.local.allgather(shard).view(-1)
+        whole = self.bus.share("dense") if self.bus is not None else self.local.allgather(shard).view(-1)
         with phases("decompress"):
             copy_back(items, whole.to(items[0].grad.dtype))
 

@@ -3,17 +3,20 @@
 Between the ranks of one machine, gloo sends a reduce-scatter over TCP on loopback: every byte is copied
 through the kernel's socket buffers, and with several ranks per core that "bus" runs at tens of MB/s,
 slower than a 1 Gbps link (docs/performance.md). CPU ranks on one machine can instead read each other's
-memory. :class:`SharedMemoryBus` maps one file under ``/dev/shm`` into every rank of the machine:
+memory. :class:`SharedMemoryBus` maps one file under ``/dev/shm`` into every rank of the machine, per
+``key`` R input slots and one result, and a round of one key is three calls:
 
-* ``reduce_scatter_mean(key, flat)``: each rank writes its flat gradient into its own slot, a barrier,
-  then local rank i sums the slots' i-th 1/R (in rank order, so every machine adds the same way) and
-  divides by R: the same shard a ``reduce_scatter`` gives, without the copies through sockets;
-* ``share(key, shard)``: each rank writes its shard into the common result, a barrier, and every rank
-  reads the whole result (a view of the shared memory: copy it out before the next call with ``key``).
+* ``slot(key, numel, dtype)``: this rank's input slot; the rank writes its flat gradient into it (the
+  flattening copy itself, no further one);
+* ``reduce_scatter_mean(key)``: a barrier, then local rank i sums the slots' i-th 1/R (in rank order, so
+  every machine adds the same way) into the i-th 1/R of the result and divides by R: the shard a
+  ``reduce_scatter`` gives, in place in shared memory, where its owner may go on working on it;
+* ``share(key)``: a barrier, and every rank reads the whole result (a view of the shared memory: copy it
+  out before the next round of ``key``).
 
-Two barriers per call (gloo barriers over the machine's group, a few bytes each) order the writes and
-reads: a rank writes its slot of step t + 1 only after every rank passed the barrier that follows their
-reads of step t.
+The two barriers (gloo barriers over the machine's group, a few bytes each) order the writes and reads:
+a rank writes its slot and its shard of round t + 1 only after every rank passed the barrier that
+follows their reads of round t.
 
 The file is created by local rank 0 in ``$DGC_SHM_DIR`` (default ``/dev/shm``) with its full size
 reserved (``posix_fallocate``: a too small ``/dev/shm``, 64 MB in a default Docker container, fails here
@@ -128,33 +131,35 @@ class SharedMemoryBus:
         assert mapped is not None
         return mapped
 
-    def reduce_scatter_mean(self, key: str, flat: torch.Tensor) -> torch.Tensor:
-        """This rank's 1/R of the mean of ``flat`` over the machine (a new tensor; length divisible by R)."""
-        r = self.ranks
-        if flat.numel() % r:
-            raise ValueError(f"reduce_scatter_mean needs a length divisible by {r}, got {flat.numel()}")
-        slots, _ = self._buffer(key, flat.numel(), flat.dtype)
-        nbytes = flat.numel() * flat.element_size()
+    def slot(self, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's input slot of ``key`` (``numel`` divisible by R), to fill before :meth:`reduce_scatter_mean`.
+        The first call of a key (or of a new size) maps its buffer: collective, SharedMemoryError if it fails."""
+        if numel % self.ranks:
+            raise ValueError(f"the local bus needs a length divisible by {self.ranks}, got {numel}")
+        return self._buffer(key, numel, dtype)[0][self.comm.rank]
+
+    def reduce_scatter_mean(self, key: str) -> torch.Tensor:
+        """This rank's 1/R of the mean of the machine's slots of ``key``: a view of the shared result, which this
+        rank may change in place before :meth:`share`."""
+        slots, result = self._buffers[key]
+        r, numel = self.ranks, result.numel()
+        nbytes = numel * result.element_size()
         self.comm.count(nbytes * (r - 1) // r, nbytes * (r - 1) // r)
-        with self.comm.phases("communicate"):
-            slots[self.comm.rank].copy_(flat)
         self._barrier()
-        n = flat.numel() // r
+        n = numel // r
         lo = self.comm.rank * n
         with self.comm.phases("communicate"):
-            shard = slots[0, lo : lo + n].clone()
-            for j in range(1, r):
+            shard = result[lo : lo + n]
+            torch.add(slots[0, lo : lo + n], slots[1, lo : lo + n], out=shard)
+            for j in range(2, r):
                 shard.add_(slots[j, lo : lo + n])
         return shard.div_(r)
 
-    def share(self, key: str, shard: torch.Tensor) -> torch.Tensor:
-        """Every rank's ``shard`` in local-rank order: the whole buffer, a view of shared memory valid until the
-        next call with ``key`` (copy it out)."""
-        r, n = self.ranks, shard.numel()
-        _, result = self._buffer(key, n * r, shard.dtype)
-        nbytes = n * shard.element_size()
-        self.comm.count(nbytes, nbytes * (r - 1))
-        with self.comm.phases("communicate"):
-            result[self.comm.rank * n : (self.comm.rank + 1) * n].copy_(shard)
+    def share(self, key: str) -> torch.Tensor:
+        """Every rank's shard of ``key`` in local-rank order: the whole result, a view of shared memory valid until
+        the next round of ``key`` (copy it out)."""
+        result = self._buffers[key][1]
+        nbytes = result.numel() // self.ranks * result.element_size()
+        self.comm.count(nbytes, nbytes * (self.ranks - 1))
         self._barrier()
         return result
