@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 
 import pytest
 import torch
 
 from dgc.repro import checkpoint
+from dgc.repro.config import Config
 
 
 def state(step: int) -> dict:
@@ -64,3 +66,16 @@ def test_changed_settings_name_what_differs_unless_allowed_or_free():
     ]
     assert checkpoint.changed_settings(saved, now, ["train.epochs", "optim"]) == []
     assert checkpoint.changed_settings(saved, saved, []) == []
+
+
+def test_an_option_added_since_the_checkpoint_is_no_change_at_its_default():
+    """A checkpoint written before sync.local_bus existed resumes while the option keeps its default."""
+    cfg = Config()
+    now = asdict(cfg)
+    saved = asdict(cfg)
+    del saved["sync"]["local_bus"]
+    assert checkpoint.changed_settings(saved, now, [], cfg=cfg) == []
+    cfg.sync.local_bus = "group"
+    assert checkpoint.changed_settings(saved, asdict(cfg), [], cfg=cfg) == ["sync.local_bus: '(absent)' -> 'group'"]
+    # without the config, any absent setting counts as a change
+    assert checkpoint.changed_settings(saved, now, []) == ["sync.local_bus: '(absent)' -> 'auto'"]

@@ -10,6 +10,7 @@ says why it skipped the latest.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import pickle
@@ -95,7 +96,8 @@ def choose(run_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]
 
 #: settings that may change between a run and its resumption without changing the trajectory
 FREE_TO_CHANGE = ("resume", "resume_allow", "run_dir", "timeout_s", "train.progress", "train.log_every",
-                  "train.checkpoint_every", "train.checkpoint_minutes", "train.max_steps", "logger.")  # fmt: skip
+                  "train.checkpoint_every", "train.checkpoint_minutes", "train.max_steps", "train.test_eval",
+                  "logger.")  # fmt: skip
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -109,13 +111,32 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any], allow: list[str]) -> list[str]:
-    """``key: old -> new`` for every setting that differs and is neither free to change nor in ``allow``."""
+def default_of(cfg: Any, key: str) -> Any:
+    """The schema default of the dotted setting ``key`` of the dataclass config ``cfg`` (MISSING: none)."""
+    *path, name = key.split(".")
+    obj = cfg
+    for part in path:
+        obj = getattr(obj, part, None)
+    if not dataclasses.is_dataclass(obj):
+        return dataclasses.MISSING
+    for f in dataclasses.fields(obj):
+        if f.name == name:
+            return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return dataclasses.MISSING
+
+
+def changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any], allow: list[str], cfg: Any = None) -> list[str]:
+    """``key: old -> new`` for every setting that differs and is neither free to change nor in ``allow``. With the
+    run's dataclass config ``cfg``, a setting the checkpoint does not have (an option added since it was written)
+    is no change while it keeps its default: new options default to what the code did before them."""
     old, new = flatten(saved), flatten(now)
     free = (*FREE_TO_CHANGE, *allow)
     out = []
     for key in sorted(set(old) | set(new)):
-        if old.get(key) != new.get(key) and not any(key == f or (f.endswith(".") and key.startswith(f)) or
-                                                    key.startswith(f + ".") for f in free):  # fmt: skip
-            out.append(f"{key}: {old.get(key, '(absent)')!r} -> {new.get(key, '(absent)')!r}")
+        if old.get(key) == new.get(key) or any(key == f or (f.endswith(".") and key.startswith(f)) or
+                                               key.startswith(f + ".") for f in free):  # fmt: skip
+            continue
+        if key not in old and cfg is not None and new[key] == default_of(cfg, key):
+            continue
+        out.append(f"{key}: {old.get(key, '(absent)')!r} -> {new.get(key, '(absent)')!r}")
     return out

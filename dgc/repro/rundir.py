@@ -207,7 +207,9 @@ class RunFiles:
                 f"cannot resume {self.run_dir}: it was written by {state['world_size']} workers and this run has "
                 f"{self.info.world_size} (compression state is per worker); resume with the same number of workers"
             )
-        changed = checkpoint.changed_settings(state["config"], asdict(self.cfg), list(self.cfg.resume_allow))
+        changed = checkpoint.changed_settings(
+            state["config"], asdict(self.cfg), list(self.cfg.resume_allow), cfg=self.cfg
+        )
         if changed:
             keys = ",".join(c.split(":")[0] for c in changed)
             raise ConfigError(
