@@ -11,14 +11,16 @@ scheduling and the network's delay):
   receives grows with N, the reason sparse exchanges stop scaling (peers.md, "no gain beyond a
   few hundred nodes");
 * ``exchange=hierarchical`` (M machines of R ranks, :mod:`dgc.exchange`): a dense reduce-scatter inside
-  the machine over its bus (``(R-1)/R * S / B_local``, S the dense bytes of the compressed tensors), then
-  R sparse allgathers between the M machines in parallel, one per shard (each shard's message is about
-  1/R of a rank's, and the R rings share the machine's link: ``(M-1) alpha + R (M-1) m/R / B``), and a
-  small allgather of the result inside the machine; the selection runs on ``numel / R`` values per rank.
-  The tensors left dense go by machine too (an allreduce among M machines, not N ranks);
-* ``exchange=sparse_allreduce``: two all-to-alls (counts, entries) and two allgathers (lengths, kept
-  entries): ``4 (N-1) alpha + V (N-1)/N / B``, where V, the sparse bytes a rank receives, does not grow
-  with N (about 2k entries).
+  the machine over its bus (``(R-1)/R * S / B_local``, S the dense bytes of the compressed tensors; the
+  fitted ``local_s_per_byte`` is the bus of the calibration runs, shared memory for CPU ranks, and the
+  projection assumes ``local_bandwidth``), then R sparse allgathers between the M machines in parallel,
+  one per shard (each shard's message is about 1/R of a rank's, and the R rings share the machine's
+  link: ``(M-1) alpha + R (M-1) m/R / B``), and the result shared inside the machine; the selection runs
+  on ``numel / R`` values per rank. The tensors left dense go by machine too (an allreduce among M
+  machines, not N ranks);
+* ``exchange=sparse_allreduce``: two all-to-alls (counts, entries as position + value records) and two
+  allgathers (lengths, kept entries): ``4 (N-1) alpha + V (N-1)/N / B``, where V, the sparse bytes a
+  rank receives, does not grow with N (about 2k entries).
 
 A method's exchange is its collectives plus its CPU work (packing, selection, encoding,
 decoding): ``cpu_s = (cpu_s_per_value * numel + cpu_s_per_message_byte * N * message_bytes)
