@@ -69,6 +69,8 @@ bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/perform
 	$(CLUSTER) --nodes 4 --ranks-per-node 2 $(RN50) --methods none,dgc,dgc_hierarchical --out results/bench/cluster_4x2.json
 	for n in 2 4 8; do $(CLUSTER) --nodes $$n $(RN50) --methods none,dgc,dgc_sparse_allreduce \
 	  --out results/bench/cluster_sar_$${n}x1.json || exit 1; done
+	$(CLUSTER) --nodes 4 --ranks-per-node 2 $(RN50) --methods none,dgc,dgc_hierarchical --out results/bench/cluster_4x2_rerun.json
+	$(CLUSTER) --nodes 8 $(RN50) --methods none,dgc,dgc_sparse_allreduce --out results/bench/cluster_sar_8x1_rerun.json
 	$(PY) -m dgc.costmodel results/bench/cluster_4x2.json results/bench/cluster_sar_2x1.json \
 	  results/bench/cluster_sar_4x1.json results/bench/cluster_sar_8x1.json --out results/bench/costmodel.json
 

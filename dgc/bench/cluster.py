@@ -503,7 +503,9 @@ def plot(result: dict[str, Any], path: Path) -> Path:
             ax.text(r["exchange_s"], i, f"  {r['exchange_s'] * 1e3:.0f} ms{speed}", va="center", fontsize=8)
         ax.set_xlabel("gradient exchange per step, slowest rank (log scale)")
         size = f"{result['numel'] / 1e6:.1f}M values"
-        ax.set_title(f"{result['model']} ({size}), {result['nodes']} nodes at {result['rate']}")
+        r = result.get("ranks_per_node", 1)
+        where = f"{result['machines']} machines x {r} ranks" if r > 1 else f"{result['nodes']} nodes"
+        ax.set_title(f"{result['model']} ({size}), {where} at {result['rate']}")
     ax.set_yticks(list(y), methods)
     ax.invert_yaxis()
     fig.tight_layout()
