@@ -100,7 +100,7 @@ TABLE_DIRS := --runs-root results/runs --out results
 SWEEP := $(PY) -m dgc.repro.sweep --launcher $(LAUNCHER) $(TABLE_DIRS) $(DATA_ROOTS) $(SWEEP_ARGS)
 CPU_SWEEP := $(PY) -m dgc.repro.sweep --launcher local $(TABLE_DIRS) $(SWEEP_ARGS)
 
-.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-compact
+.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-compact cpu-exchange
 
 table2-cifar: install ## Table 2 (GPU cluster): ResNet-110 CIFAR-10 on 4/8/16/32 GPUs, baseline / Gradient Dropping / DGC
 	$(SWEEP) $@
@@ -130,4 +130,7 @@ cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 4 wor
 	$(CPU_SWEEP) $@
 
 cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as in make demo, 4 seeds x 3 formats (~70 min)
+	$(CPU_SWEEP) $@
+
+cpu-exchange: install ## the exchanges (flat, hierarchical 2x2, sparse allreduce) on make demo's setup, 2 seeds (~45 min)
 	$(CPU_SWEEP) $@
