@@ -53,14 +53,21 @@ class SGD(torch.optim.Optimizer):
         self._skipped_step = -1
         sync.bind_optimizer(self)
 
-    def hyper(self, param: torch.Tensor) -> tuple[float, bool, float]:
+    def _group(self, param: torch.Tensor) -> dict[str, Any]:
         # param_groups is replaced by load_state_dict and grows with add_param_group: re-index then
         key = (id(self.param_groups), len(self.param_groups))
         if key != self._group_key:
             self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
             self._group_key = key
-        group = self._group_of[id(param)]
+        return self._group_of[id(param)]
+
+    def hyper(self, param: torch.Tensor) -> tuple[float, bool, float]:
+        group = self._group(param)
         return float(group["momentum"]), bool(group["nesterov"]), float(group["weight_decay"])
+
+    def learning_rate(self, param: torch.Tensor) -> float:
+        """The rate ``param`` is stepped with now (its group's ``lr``, as a scheduler left it)."""
+        return float(self._group(param)["lr"])
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch's signature

@@ -104,6 +104,9 @@ class SyncConfig:
     #: exchange=hierarchical, how a machine's ranks share data: auto (shared memory for CPU tensors when it
     #: works, else the process group), shm, group (:mod:`dgc.localbus`)
     local_bus: str = "auto"
+    #: what the compressor's momentum and residual accumulate: gradients (the paper's), or updates: gradients
+    #: times the learning rate of their step (what waits keeps its rate when the rate drops; needs dgc.SGD)
+    accumulate: str = "gradients"
     #: exchange=auto: the network rate per machine (a tc rate: 1gbit, 10gbit, 25gbit)
     bandwidth: str = "1gbit"
     #: exchange=auto: the report of ``python -m dgc.costmodel`` (make bench-cluster writes this one)
@@ -120,6 +123,7 @@ class SyncConfig:
             raise ValueError(f"sync.ranks_per_node must be >= 1 or null, got {self.ranks_per_node}")
         if self.local_bus not in LOCAL_BUSES:
             raise ValueError(f"sync.local_bus must be one of {', '.join(LOCAL_BUSES)}, got {self.local_bus!r}")
+        check_accumulate(self.accumulate)
 
     def build(self, model: Any, compressor: Compressor, comm: Comm | None = None) -> GradientSync:
         exchange, reason = self.exchange, ""
@@ -127,7 +131,7 @@ class SyncConfig:
             exchange, reason = self.choose(model, compressor, comm)
         sync = GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
                             exchange=exchange, ranks_per_node=self.ranks_per_node,
-                            local_bus=self.local_bus)  # fmt: skip
+                            local_bus=self.local_bus, accumulate=self.accumulate)  # fmt: skip
         sync.exchange_reason = reason
         return sync
 
@@ -146,6 +150,15 @@ class SyncConfig:
         return best, f"exchange=auto chose {best}: {why}"
 
 
+#: ``accumulate``: what the compressed tensors' momentum and residual hold
+ACCUMULATE = ("gradients", "updates")
+
+
+def check_accumulate(accumulate: Any) -> None:
+    if accumulate not in ACCUMULATE:
+        raise ValueError(f"sync.accumulate must be one of {', '.join(ACCUMULATE)}, got {accumulate!r}")
+
+
 def check_clip_norm(clip_norm: Any) -> None:
     if clip_norm is None:
         return
@@ -158,6 +171,10 @@ class Hyper(Protocol):
 
     def hyper(self, param: torch.Tensor) -> tuple[float, bool, float]:
         """``(momentum, nesterov, weight_decay)`` for ``param``."""
+        ...
+
+    def learning_rate(self, param: torch.Tensor) -> float:
+        """The learning rate ``param`` is stepped with now (``accumulate="updates"``)."""
         ...
 
 
@@ -215,6 +232,12 @@ class GradientSync:
             ``sparse_allreduce``, or an :class:`~dgc.exchange.Exchange`.
         ranks_per_node: for ``hierarchical`` (None: from the launcher's environment).
         local_bus: for ``hierarchical``, how a machine's ranks share data (:data:`dgc.localbus.LOCAL_BUSES`).
+        accumulate: ``"gradients"`` (the paper's) or ``"updates"``: the compressed gradients are multiplied by
+            their learning rate (``optimizer.learning_rate(param)``, :class:`dgc.SGD`) before they enter the
+            compressor and the exchanged result is divided by it again, so the optimizer's ``lr * G`` applies
+            the sum of rate-scaled contributions: a value that waited in the residual while the rate dropped
+            moves the weights by the rate of the step that computed it, not the rate of the step that sends it
+            (Gradient Dropping's accumulation). The same as ``"gradients"`` while the rate is constant.
     """
 
     def __init__(
@@ -231,12 +254,15 @@ class GradientSync:
         exchange: str | Exchange = "flat",
         ranks_per_node: int | None = None,
         local_bus: str = "auto",
+        accumulate: str = "gradients",
     ):
         named = model.named_parameters() if isinstance(model, torch.nn.Module) else model
         self.params: list[tuple[str, torch.nn.Parameter]] = [(n, p) for n, p in named if p.requires_grad]
         self._names = {id(p): n for n, p in self.params}
         self._order = {n: i for i, (n, _) in enumerate(self.params)}
         check_clip_norm(clip_norm)
+        check_accumulate(accumulate)
+        self.accumulate = accumulate
         if comm is not None and group is not None:
             raise ValueError("give GradientSync a comm or a group, not both")
         self.compressor = compressor
@@ -345,8 +371,26 @@ class GradientSync:
         else:
             self.exchange.dense(dense, phases, DTYPES.get(self.policy.dense_values, torch.float32))
         dense_sent = self.comm.traffic.sent
+        rates = self._scale_by_rate(compressed, phases)
         self.exchange.run(self.compressor, compressed, phases)
+        if rates is not None:
+            with phases("decompress"):  # back to the gradient the optimizer multiplies by its rate
+                for it, lr in zip(compressed, rates):
+                    if lr:
+                        it.grad.div_(lr)
         return self._finish(pairs, compressed, phases, control, dense_sent, skipped, requests)
+
+    def _scale_by_rate(self, items: list[Item], phases: Phases) -> list[float] | None:
+        """accumulate="updates": multiply the gradients by their learning rates (returned; None otherwise)."""
+        if self.accumulate != "updates" or not items:
+            return None
+        if self.optimizer is None or not hasattr(self.optimizer, "learning_rate"):
+            raise RuntimeError("accumulate='updates' needs the learning rate: build the optimizer with "
+                               "dgc.SGD(params, sync, ...)")  # fmt: skip
+        rates = [self.optimizer.learning_rate(it.param) for it in items]
+        with phases("compress"):
+            torch._foreach_mul_([it.grad for it in items], rates)
+        return rates
 
     def _agree(self, bad: bool) -> tuple[bool, tuple[str, ...]]:
         """Whether any worker's gradient was not finite, and what any worker requested (one small MAX)."""

@@ -290,3 +290,78 @@ def test_a_non_finite_gradient_on_one_rank_is_skipped_on_every_rank() -> None:
         assert out["zeroed"] and out["control_bytes"] == 3  # a byte for each flag: non-finite, stop, checkpoint
     for a, b in zip(outs[0]["final"], outs[1]["final"], strict=True):
         assert torch.equal(a, b) and bool(a.isfinite().all())
+
+
+# -- accumulate="updates": the residual holds rate-scaled contributions ----------------------------------
+
+
+def _accumulate(rank: int, world: int) -> dict:
+    """topk keeps a residual: with the rate dropping from 0.5 to 0.05, which sums are conserved."""
+    rates = [0.5, 0.5, 0.5, 0.05, 0.05, 0.05]
+    out = {}
+    for mode in ("gradients", "updates"):
+        model = make_model()
+        sync = dgc.GradientSync(model, dgc.build_compressor("topk", density=0.05), accumulate=mode)
+        opt = dgc.SGD(model.parameters(), sync, lr=rates[0])
+        fed = [torch.zeros_like(p) for p in model.parameters()]  # sum of lr_t * g_t
+        fed_raw = [torch.zeros_like(p) for p in model.parameters()]  # sum of g_t
+        applied = [torch.zeros_like(p) for p in model.parameters()]  # sum of lr_t * G_t
+        applied_raw = [torch.zeros_like(p) for p in model.parameters()]  # sum of G_t
+        for step, lr in enumerate(rates):
+            opt.param_groups[0]["lr"] = lr
+            local_backward(model, rank, step)  # the weights stay: the same model every step
+            for f, r, p in zip(fed, fed_raw, model.parameters()):
+                f.add_(p.grad, alpha=lr)
+                r.add_(p.grad)
+            sync.step()
+            for a, r, p in zip(applied, applied_raw, model.parameters()):
+                a.add_(p.grad, alpha=lr)
+                r.add_(p.grad)
+        names = [n for n, _ in sync.params]
+        state = sync.compressor.state  # the dense tensors (biases) keep no residual
+        residual = [state[n]["residual"].view_as(p) if n in state else torch.zeros_like(p)
+                    for n, p in zip(names, model.parameters())]  # fmt: skip
+        out[mode] = {"fed": fed, "fed_raw": fed_raw, "applied": applied, "applied_raw": applied_raw,
+                     "residual": residual}  # fmt: skip
+    # constant rate: the two modes take the same steps (to float rounding)
+    model_a, model_b = make_model(), make_model()
+    for model, mode in ((model_a, "gradients"), (model_b, "updates")):
+        sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.05), accumulate=mode)
+        opt = dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9, weight_decay=1e-4)
+        for step in range(6):
+            local_backward(model, rank, step)
+            sync.step()
+            opt.step()
+    out["constant"] = (params(model_a), params(model_b))
+    return out
+
+
+def test_accumulate_updates_applies_each_contribution_at_its_own_rate() -> None:
+    """Summed over the workers, nothing is lost in either mode, but in different units: "gradients" conserves
+    N sum G_t + residuals = sum g_t, "updates" conserves N sum lr_t G_t + residuals = sum lr_t g_t, so a value
+    computed at lr 0.5 and sent after the drop to 0.05 moves the weights by 0.5 x, not 0.05 x, its size."""
+    outs = run(_accumulate, 2)
+
+    def total(mode: str, key: str) -> list[torch.Tensor]:
+        return [sum(t) for t in zip(*(o[mode][key] for o in outs))]
+
+    world = len(outs)
+    for mode, fed, applied in (("gradients", "fed_raw", "applied_raw"), ("updates", "fed", "applied")):
+        # every worker applies the same average: N times one worker's is what all of them sent
+        for f, a, r in zip(total(mode, fed), outs[0][mode][applied], total(mode, "residual"), strict=True):
+            torch.testing.assert_close(world * a + r, f, rtol=1e-5, atol=1e-6)
+    # and the other mode's identity does not hold after the drop: the modes really differ
+    lhs = [world * a + r for a, r in zip(outs[0]["gradients"]["applied"], total("gradients", "residual"))]
+    assert any(not torch.allclose(x, f, rtol=1e-3, atol=1e-4) for x, f in zip(lhs, total("gradients", "fed")))
+    for a, b in zip(*outs[0]["constant"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_accumulate_needs_a_known_value_and_the_rate() -> None:
+    with pytest.raises(ValueError, match="sync.accumulate must be one of gradients, updates"):
+        dgc.SyncConfig(accumulate="momenta")
+    model = make_model()
+    sync = dgc.GradientSync(model, dgc.build_compressor("topk", density=0.1), accumulate="updates")
+    local_backward(model, 0, 0)
+    with pytest.raises(RuntimeError, match="needs the learning rate"):
+        sync.step()
