@@ -229,9 +229,9 @@ def test_an4_deepspeech_trains_two_steps_with_dgc(tmp_path):
 
 
 def test_synth_deepspeech_dgc_settings():
-    # the CPU stand-in's DGC: 3 of 20 warm-up epochs, local clipping tighter than its dense clip of 400
+    # the CPU stand-in's DGC follows the paper's rules: a 1-epoch warm-up, local clipping at its dense clip of 400
     cfg = config("task=synth_deepspeech", "compression=dgc")
-    assert cfg.compression.warmup_epochs == 3 and cfg.sync.clip_norm == 100 and cfg.optim.grad_clip == 400
+    assert cfg.compression.warmup_epochs == 1 and cfg.sync.clip_norm == 400 and cfg.optim.grad_clip == 400
 
 
 def test_losses_fall_on_a_tiny_corpus(tmp_path):
