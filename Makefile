@@ -117,16 +117,16 @@ table4-librispeech: install ## Table 4 (GPU cluster): LibriSpeech DeepSpeech 7 x
 figure-ablation: install ## ablation (GPU cluster): ResNet-110 CIFAR-10 and AN4 with each DGC technique off in turn
 	$(SWEEP) $@
 
-cpu-fmnist: install ## CPU analog of Table 2: fmnist_resnet20, 4 workers, none / topk / dgc, 5 epochs (~25 min on 2 cores)
+cpu-fmnist: install ## CPU analog of Table 2: fmnist_resnet20, 4 workers, 5 epochs, none / topk / dgc / dgc accumulating updates, 2 seeds (~70 min on 2 cores)
 	$(CPU_SWEEP) $@
 
 cpu-ablation: install ## CPU ablation: fmnist_resnet20 DGC with momentum correction / masking / clipping / warm-up off (~30 min)
 	$(CPU_SWEEP) $@
 
-cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 4 workers, none / dgc (~25 min)
+cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 2 workers, 12 epochs, none / dgc, 2 seeds (~90 min)
 	$(CPU_SWEEP) $@
 
-cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 4 workers, none / dgc (~20 min)
+cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 2 workers, 44 epochs, none / 2 DGC settings / ablation, seeds 0-1 (~4.5 h)
 	$(CPU_SWEEP) $@
 
 cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as in make demo, 4 seeds x 3 formats (~70 min)

@@ -125,7 +125,7 @@ def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep.subprocess, "run", fake_torchrun)
     sweep.main(["cpu-fmnist", "--world-size", "2", "--runs-root", str(runs), "--out", str(out), "train.max_steps=3"])
-    assert len(commands) == len(get_table("cpu-fmnist").rows) == 8
+    assert len(commands) == len(get_table("cpu-fmnist").rows) == 12
     assert all("--nproc_per_node=2" in c and "train.max_steps=3" in c for c in commands)
     assert not (stale / "metrics.jsonl").read_text().startswith("old")
     assert (out / "cpu-fmnist.md").is_file() and (out / "cpu-fmnist-steps.png").is_file()
