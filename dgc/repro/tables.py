@@ -264,7 +264,7 @@ def _cpu_speech_rows() -> tuple[Row, ...]:
     none = Row("none", _SPEECH, "Baseline", "synth_deepspeech", "none", 2, _TEST_ONCE, paper=paper_none,
                baseline=True)  # fmt: skip
     candidates = tuple(
-        Row(key, _SPEECH, f"DGC, warm-up {o[0].split('=')[1]} epochs, local clip {o[1].split('=')[1]}",
+        Row(key, _SPEECH, f"DGC, {o[0].split('=')[1]}-epoch warm-up, local clip {o[1].split('=')[1]}",
             "synth_deepspeech", "dgc", 2, (*_TEST_ONCE, *o), paper=paper_dgc)
         for key, o in SPEECH_CANDIDATES.items()
     )  # fmt: skip
