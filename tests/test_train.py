@@ -82,6 +82,19 @@ def test_torchrun_two_ranks(torchrun_run):
     assert not torch.equal(*residual)  # each rank keeps its own residual
 
 
+def test_the_residual_of_a_two_rank_run_can_be_inspected(torchrun_run, capsys):
+    """python -m dgc.repro.residual reads both ranks' velocity and residual from the run's real checkpoint."""
+    from dgc.repro import residual
+
+    (run_dir,) = torchrun_run[0].glob("runs/*/*/*")
+    residual.main([str(run_dir)])
+    out = capsys.readouterr().out
+    rows, total = residual.summarize(load(run_dir))
+    assert "step 8, 2 ranks" in out and all(f"\n{r['tensor']} " in out for r in rows)
+    assert rows and all(r["v"] > 0 and r["u"] > 0 and r["max_over_median"] >= 1 for r in rows if r["numel"] > 100)
+    assert total["ranks"] == 2 and total["step"] == 8 and total["v_over_u"] > 0
+
+
 def test_torchrun_crash_and_resume(torchrun_run, fmnist, tmp_path):
     cwd, _ = torchrun_run
     (reference,) = cwd.glob("runs/*/*/*")
