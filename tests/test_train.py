@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
 from dgc.distributed import init_distributed
+from dgc.repro import residual as residual_tool
 from dgc.repro.config import Config, config_from_dict
 from dgc.repro.trainer import ConfigError, Trainer, learning_rate
 from tests.datafiles import write_fmnist
@@ -84,12 +85,10 @@ def test_torchrun_two_ranks(torchrun_run):
 
 def test_the_residual_of_a_two_rank_run_can_be_inspected(torchrun_run, capsys):
     """python -m dgc.repro.residual reads both ranks' velocity and residual from the run's real checkpoint."""
-    from dgc.repro import residual
-
     (run_dir,) = torchrun_run[0].glob("runs/*/*/*")
-    residual.main([str(run_dir)])
+    residual_tool.main([str(run_dir)])
     out = capsys.readouterr().out
-    rows, total = residual.summarize(load(run_dir))
+    rows, total = residual_tool.summarize(load(run_dir))
     assert "step 8, 2 ranks" in out and all(f"\n{r['tensor']} " in out for r in rows)
     assert rows and all(r["v"] > 0 and r["u"] > 0 and r["max_over_median"] >= 1 for r in rows if r["numel"] > 100)
     assert total["ranks"] == 2 and total["step"] == 8 and total["v_over_u"] > 0

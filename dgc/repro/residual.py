@@ -33,14 +33,15 @@ def summarize(state: dict) -> tuple[list[dict], dict]:
     rows, sq = [], {"w": 0.0, "u": 0.0, "v": 0.0}
     for name in names:
         w = state["model"][name].float()
+        wn = w.norm().item()
         us = [_tensors(r)[name]["u"].float() for r in ranks]
         vs = [_tensors(r)[name]["v"].float() for r in ranks]
         u = sum(x.norm().item() for x in us) / len(us)
         v = sum(x.norm().item() for x in vs) / len(vs)
         spread = sum((x.abs().max() / x.abs().median().clamp_min(1e-30)).item() for x in vs) / len(vs)
-        rows.append({"tensor": name, "numel": w.numel(), "w": w.norm().item(), "u": u, "v": v,
+        rows.append({"tensor": name, "numel": w.numel(), "w": wn, "u": u, "v": v,
                      "v_over_u": v / u if u else float("inf"), "max_over_median": spread})  # fmt: skip
-        for key, value in (("w", w.norm().item()), ("u", u), ("v", v)):
+        for key, value in (("w", wn), ("u", u), ("v", v)):
             sq[key] += value**2
     total = {k: x**0.5 for k, x in sq.items()}
     total.update(lr=lr, ranks=len(ranks), step=state["counters"]["step"],

@@ -253,8 +253,8 @@ SPEECH_CANDIDATES = {
     "dgc-w1-c400": ("task.compression_warmup_epochs=1", "task.local_clip_norm=400"),
     "dgc-w3-c100": ("task.compression_warmup_epochs=3", "task.local_clip_norm=100"),
 }
-#: the candidate run with seed 1 too (and the defaults of synth_deepspeech): the paper's rules, kept because its
-#: dev WER (seed 0) is the lower one of the candidates that ran (results/README.md, cpu-speech)
+#: the candidate run with seed 1 too (and the defaults of synth_deepspeech): the paper's rules, not tuned on any
+#: split; dgc-w3-c100 is its alternative on the dev split (results/README.md, cpu-speech)
 SPEECH_CHOSEN = "dgc-w1-c400"
 
 
