@@ -40,6 +40,7 @@ from omegaconf import OmegaConf
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
 from dgc.distributed import init_distributed
 from dgc.repro.config import Config
+from dgc.repro.tables import SPEECH_CHOSEN, get_table
 from dgc.repro.trainer import ConfigError, Trainer
 
 SR = 16_000
@@ -229,9 +230,14 @@ def test_an4_deepspeech_trains_two_steps_with_dgc(tmp_path):
 
 
 def test_synth_deepspeech_dgc_settings():
-    # the CPU stand-in's DGC follows the paper's rules: a 1-epoch warm-up, local clipping at its dense clip of 400
+    # the CPU stand-in's DGC follows the paper's rules: a 1-epoch warm-up, local clipping at its dense clip of 400;
+    # it accumulates updates (the setting chosen on dev), which the table's rows name explicitly either way
     cfg = config("task=synth_deepspeech", "compression=dgc")
     assert cfg.compression.warmup_epochs == 1 and cfg.sync.clip_norm == 400 and cfg.optim.grad_clip == 400
+    assert cfg.sync.accumulate == "updates"
+    rows = {r.key: r for r in get_table("cpu-speech").rows}
+    assert "sync.accumulate=gradients" in rows["dgc-w1-c400-s0"].overrides
+    assert "sync.accumulate=updates" in rows[f"{SPEECH_CHOSEN}-s1"].overrides
 
 
 def test_losses_fall_on_a_tiny_corpus(tmp_path):
