@@ -263,12 +263,12 @@ def _cpu_speech_rows() -> tuple[Row, ...]:
     gradients = Row("dgc-w1-c400", _SPEECH, "DGC, 1-epoch warm-up, local clip 400, accumulating gradients",
                     "synth_deepspeech", "dgc", 2, (*_TEST_ONCE, *_SPEECH_PAPER, "sync.accumulate=gradients"),
                     paper=paper_dgc)  # fmt: skip
-    updates = replace(gradients, key="dgc-w1-c400-updates", method=gradients.method.replace("gradients", "updates"),
+    updates = replace(gradients, key=SPEECH_CHOSEN, method=gradients.method.replace("gradients", "updates"),
                       overrides=(*_TEST_ONCE, *_SPEECH_PAPER, _UPDATES))  # fmt: skip
     # the diagnostic of the remaining gap: 10 times the density, so that a value waits ~100 steps, not ~1000 (a
     # tenth of the run), in the residual; its wire ratio is ~10 times lower, so it is not a DGC result
     density01 = replace(updates, key="dgc-w1-c400-updates-d01", method=f"{updates.method}, density 0.01 (diagnostic)",
-                      overrides=(*updates.overrides, "compression.density=0.01"), paper=Paper())  # fmt: skip
+                        overrides=(*updates.overrides, "compression.density=0.01"), paper=Paper())  # fmt: skip
     # both accumulation rules with both seeds: the choice is an ablation, and one seed does not make it real
     return seeded((none, gradients, updates, density01), (0,)) + seeded((none, gradients, updates), (1,))
 
