@@ -238,6 +238,9 @@ def test_synth_deepspeech_dgc_settings():
     rows = {r.key: r for r in get_table("cpu-speech").rows}
     assert "sync.accumulate=gradients" in rows["dgc-w1-c400-s0"].overrides
     assert "sync.accumulate=updates" in rows[f"{SPEECH_CHOSEN}-s1"].overrides
+    # every row, the density-0.01 diagnostic included, runs with both seeds
+    assert {k.rsplit("-s", 1)[1] for k in rows} == {"0", "1"} and len(rows) == 8
+    assert "compression.density=0.01" in rows[f"{SPEECH_CHOSEN}-d01-s1"].overrides
 
 
 def test_losses_fall_on_a_tiny_corpus(tmp_path):
