@@ -34,7 +34,7 @@ def _panels(count: int):  # noqa: ANN202 - matplotlib figure and axes
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(1, count, figsize=(5.5 * count, 4), squeeze=False)
+    return plt.subplots(1, count, figsize=(5.5 * count, 4.8), squeeze=False)
 
 
 def _png(fig) -> bytes:
@@ -43,7 +43,8 @@ def _png(fig) -> bytes:
 
     buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
+    # "tight" grows the image to what is drawn: the legends under the panels and long panel titles
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
 
@@ -52,6 +53,11 @@ def _title(fig: Any, title: str) -> None:
     """The table's title over the panels, wrapped to the figure's width (a long title would be cut off)."""
     width = max(40, int(fig.get_figwidth() * 11))
     fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=10)
+
+
+def _legend(ax: Any) -> None:
+    """The panel's legend under its axes, where long method names cover no curve."""
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
 
 
 def _by_method(runs: list[Run]) -> dict[str, list[Run]]:
@@ -118,7 +124,7 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
         ax.set(xlabel="step", ylabel=label, title=f"{group}\n({legend})")
         ax.grid(alpha=0.3)
         if group_runs:
-            ax.legend(fontsize=7)
+            _legend(ax)
     other_data = not _paper_on_axes(table) and _has_paper(table)
     caveat = " (the paper's numbers: in the table, other data)" if other_data else ""
     _title(fig, table.title + caveat)
@@ -158,6 +164,6 @@ def plot_ratio(table: Table, runs: list[Run]) -> bytes:
                title=f"{group}\n({'higher' if higher else 'lower'} is better)")  # fmt: skip
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+            _legend(ax)
     _title(fig, table.title)
     return _png(fig)
