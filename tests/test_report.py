@@ -228,3 +228,41 @@ def test_the_papers_point_sits_at_its_ratio_or_is_left_out():
     assert plots.paper_ratio_of(rows["dgc-s0"]) is None and plots.paper_ratio_of(rows["topk-s1"]) is None
     alexnet = {r.key: r for r in get_table("table3-imagenet").rows}
     assert plots.paper_ratio_of(alexnet["alexnet-dgc"]) == 597
+
+
+def _axes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    return fig, ax
+
+
+@pytest.mark.parametrize("higher", [False, True])
+def test_a_second_half_inset_where_the_early_evaluations_squash_the_curves(higher):
+    import matplotlib.pyplot as plt
+
+    steps = [1, 2, 3, 4, 5, 6]
+    # a falling metric: 100 at the start, level near 40 from the middle on (a 2-point spread in 60)
+    curves = [(steps, m, m, m) for m in ([100, 60, 45, 41, 40, 40], [100, 62, 46, 43, 42, 42])]
+    if higher:
+        curves = [(s, [-v for v in m], [-v for v in m], [-v for v in m]) for s, m, _, _ in curves]
+    fig, ax = _axes()
+    for s, m, _, _ in curves:
+        ax.plot(s, m)
+    plots._zoom_second_half(ax, curves, higher)
+    (inset,) = ax.child_axes
+    assert [list(line.get_xdata()) for line in inset.lines] == [[4, 5, 6], [4, 5, 6]]
+    # upper right for a falling metric, lower right for a rising one (where the curves are not)
+    assert (inset.get_position().y0 > ax.get_position().y0 + 0.3 * ax.get_position().height) is not higher
+    plt.close(fig)
+    # curves that part in the second half as much as in the first get no inset
+    fig, ax = _axes()
+    spread = [(steps, m, m, m) for m in ([10, 9, 8, 7, 6, 5], [10, 9, 8, 3, 2, 1])]
+    for s, m, _, _ in spread:
+        ax.plot(s, m)
+    plots._zoom_second_half(ax, spread, False)
+    assert not ax.child_axes
+    plt.close(fig)

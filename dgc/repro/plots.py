@@ -1,7 +1,8 @@
 """The plots of a table (:mod:`dgc.repro.report`): the headline metric against the step and against the
 compression ratio, one panel per group, the seeds of a method averaged. The curves against the step show the
 validation counterpart of the headline where every run logged it along the way (runs with
-``train.test_eval=end`` read the test split only at their end)."""
+``train.test_eval=end`` read the test split only at their end), with an inset of the second half where the first
+evaluations squash the curves."""
 
 from __future__ import annotations
 
@@ -53,6 +54,30 @@ def _title(fig: Any, title: str) -> None:
     """The table's title over the panels, wrapped to the figure's width (a long title would be cut off)."""
     width = max(40, int(fig.get_figwidth() * 11))
     fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=10)
+
+
+def _zoom_second_half(ax: Any, curves: list[tuple[list, list, list, list]], higher: bool) -> None:
+    """An inset with the second half of the run's curves (and bands) when they span under a quarter of the
+    panel's range: the early evaluations set the axis and squash where the methods part. It sits where the
+    curves are not: upper right for a falling (lower-is-better) metric, lower right for a rising one."""
+    steps = [s for c in curves for s in c[0]]
+    if not steps:
+        return
+    half = (min(steps) + max(steps)) / 2
+    late = [v for c in curves for s, lo, hi in zip(c[0], c[2], c[3]) if s >= half for v in (lo, hi)]
+    every = [v for c in curves for v in (*c[2], *c[3])]
+    if len(late) < 4 or max(every) == min(every) or (max(late) - min(late)) >= 0.25 * (max(every) - min(every)):
+        return
+    inset = ax.inset_axes([0.42, 0.08, 0.55, 0.42] if higher else [0.42, 0.5, 0.55, 0.42])
+    for i, (xs, mean, low, high) in enumerate(curves):
+        keep = [j for j, s in enumerate(xs) if s >= half]
+        color = ax.lines[i].get_color()
+        inset.plot([xs[j] for j in keep], [mean[j] for j in keep], marker="o", ms=2, lw=1, color=color)
+        inset.fill_between([xs[j] for j in keep], [low[j] for j in keep], [high[j] for j in keep], color=color,
+                           alpha=0.2, lw=0)  # fmt: skip
+    inset.set_title("second half", fontsize=7, pad=2)
+    inset.tick_params(labelsize=6)
+    inset.grid(alpha=0.3)
 
 
 def _legend(ax: Any) -> None:
@@ -107,8 +132,10 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
         group_runs = [r for r in runs if r.row.group == group]
         metric = curve_metric(group_runs, group_runs[0].headline) if group_runs else HEADLINE["image"]
         dashed = banded = False
+        curves = []
         for method, method_runs in _by_method(group_runs).items():
             steps, mean, low, high = _curve(method_runs, metric)
+            curves.append((steps, mean, low, high))
             label = method if len(method_runs) == 1 else f"{method} (mean of {len(method_runs)})"
             (line,) = ax.plot(steps, mean, marker="o", ms=3, label=label)
             if len(method_runs) > 1:
@@ -119,6 +146,7 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
                 ax.axhline(paper[metric], ls="--", lw=0.8, color=line.get_color())
                 dashed = True
         label, higher = METRICS.get(metric, (metric, True))
+        _zoom_second_half(ax, curves, higher)
         legend = f"{'higher' if higher else 'lower'} is better" + ("; band: range over seeds" if banded else "")
         legend += "; dashed: paper" if dashed else ""
         ax.set(xlabel="step", ylabel=label, title=f"{group}\n({legend})")
