@@ -126,7 +126,7 @@ cpu-ablation: install ## CPU ablation: fmnist_resnet20 DGC with momentum correct
 cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 2 workers, 12 epochs, none / dgc, 2 seeds (~90 min)
 	$(CPU_SWEEP) $@
 
-cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 2 workers, 44 epochs, none, DGC accumulating gradients or updates, and a density-0.01 diagnostic, seeds 0-1 (8 runs, ~6-10 h)
+cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 2 workers, 44 epochs, none, DGC accumulating gradients or updates, and a density-0.01 diagnostic, seeds 0-1; dense and the chosen DGC seed 2 too (10 runs, ~8-12 h)
 	$(CPU_SWEEP) $@
 
 cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as in make demo, 4 seeds x 3 formats (~70 min)

@@ -238,8 +238,14 @@ def test_synth_deepspeech_dgc_settings():
     rows = {r.key: r for r in get_table("cpu-speech").rows}
     assert "sync.accumulate=gradients" in rows["dgc-w1-c400-s0"].overrides
     assert "sync.accumulate=updates" in rows[f"{SPEECH_CHOSEN}-s1"].overrides
-    # every row, the density-0.01 diagnostic included, runs with both seeds
-    assert {k.rsplit("-s", 1)[1] for k in rows} == {"0", "1"} and len(rows) == 8
+    # every row, the density-0.01 diagnostic included, runs with seeds 0 and 1; dense and the chosen DGC with 2 too
+    seeds = {}
+    for k in rows:
+        base, seed = k.rsplit("-s", 1)
+        seeds.setdefault(base, set()).add(seed)
+    assert seeds == {"none": {"0", "1", "2"}, SPEECH_CHOSEN: {"0", "1", "2"}, "dgc-w1-c400": {"0", "1"},
+                     f"{SPEECH_CHOSEN}-d01": {"0", "1"}}  # fmt: skip
+    assert rows["none-s2"].seed == 2 and rows[f"{SPEECH_CHOSEN}-s2"].overrides == rows[f"{SPEECH_CHOSEN}-s0"].overrides
     assert "compression.density=0.01" in rows[f"{SPEECH_CHOSEN}-d01-s1"].overrides
 
 
