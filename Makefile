@@ -83,7 +83,7 @@ chaos: install ## one 2-rank run hit by random faults and relaunched, against th
 clean: ## remove caches (keeps .venv and results/)
 	rm -rf .pytest_cache .ruff_cache build *.egg-info
 
-# -- the paper's tables (dgc/tables.py): runs under results/runs/<table>/<key>/, then results/<table>.{md,csv,png} --
+# -- the paper's tables (dgc/repro/tables.py): runs under results/runs/<table>/<key>/, then results/<table>.{md,csv,png} --
 # Full scale needs a GPU cluster: submitted through Slurm (launch/slurm/*.sbatch, one job per run, then a report job)
 # unless LAUNCHER=local (one torchrun after another on this machine). Data roots (the configs' defaults):
 CIFAR_ROOT ?= $(DATA)/cifar10
