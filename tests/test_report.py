@@ -246,12 +246,10 @@ def test_a_second_half_inset_where_the_early_evaluations_squash_the_curves(highe
 
     steps = [1, 2, 3, 4, 5, 6]
     # a falling metric: 100 at the start, level near 40 from the middle on (a 2-point spread in 60)
-    curves = [(steps, m, m, m) for m in ([100, 60, 45, 41, 40, 40], [100, 62, 46, 43, 42, 42])]
+    curves = [(steps, m, m, m, c) for m, c in (([100, 60, 45, 41, 40, 40], "C0"), ([100, 62, 46, 43, 42, 42], "C1"))]
     if higher:
-        curves = [(s, [-v for v in m], [-v for v in m], [-v for v in m]) for s, m, _, _ in curves]
+        curves = [(s, [-v for v in m], [-v for v in m], [-v for v in m], c) for s, m, _, _, c in curves]
     fig, ax = _axes()
-    for s, m, _, _ in curves:
-        ax.plot(s, m)
     plots._zoom_second_half(ax, curves, higher)
     (inset,) = ax.child_axes
     assert [list(line.get_xdata()) for line in inset.lines] == [[4, 5, 6], [4, 5, 6]]
@@ -260,9 +258,7 @@ def test_a_second_half_inset_where_the_early_evaluations_squash_the_curves(highe
     plt.close(fig)
     # curves that part in the second half as much as in the first get no inset
     fig, ax = _axes()
-    spread = [(steps, m, m, m) for m in ([10, 9, 8, 7, 6, 5], [10, 9, 8, 3, 2, 1])]
-    for s, m, _, _ in spread:
-        ax.plot(s, m)
+    spread = [(steps, m, m, m, "C0") for m in ([10, 9, 8, 7, 6, 5], [10, 9, 8, 3, 2, 1])]
     plots._zoom_second_half(ax, spread, False)
     assert not ax.child_axes
     plt.close(fig)

@@ -56,8 +56,9 @@ def _title(fig: Any, title: str) -> None:
     fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=10)
 
 
-def _zoom_second_half(ax: Any, curves: list[tuple[list, list, list, list]], higher: bool) -> None:
-    """An inset with the second half of the run's curves (and bands) when they span under a quarter of the
+def _zoom_second_half(ax: Any, curves: list[tuple[list, list, list, list, str]], higher: bool) -> None:
+    """An inset with the second half of the run's curves (steps, mean, low, high, colour: the bands' bounds and
+    the main line's colour) when they span under a quarter of the
     panel's range: the early evaluations set the axis and squash where the methods part. It sits where the
     curves are not: upper right for a falling (lower-is-better) metric, lower right for a rising one."""
     steps = [s for c in curves for s in c[0]]
@@ -69,9 +70,8 @@ def _zoom_second_half(ax: Any, curves: list[tuple[list, list, list, list]], high
     if len(late) < 4 or max(every) == min(every) or (max(late) - min(late)) >= 0.25 * (max(every) - min(every)):
         return
     inset = ax.inset_axes([0.42, 0.08, 0.55, 0.42] if higher else [0.42, 0.5, 0.55, 0.42])
-    for i, (xs, mean, low, high) in enumerate(curves):
+    for xs, mean, low, high, color in curves:
         keep = [j for j, s in enumerate(xs) if s >= half]
-        color = ax.lines[i].get_color()
         inset.plot([xs[j] for j in keep], [mean[j] for j in keep], marker="o", ms=2, lw=1, color=color)
         inset.fill_between([xs[j] for j in keep], [low[j] for j in keep], [high[j] for j in keep], color=color,
                            alpha=0.2, lw=0)  # fmt: skip
@@ -135,9 +135,9 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
         curves = []
         for method, method_runs in _by_method(group_runs).items():
             steps, mean, low, high = _curve(method_runs, metric)
-            curves.append((steps, mean, low, high))
             label = method if len(method_runs) == 1 else f"{method} (mean of {len(method_runs)})"
             (line,) = ax.plot(steps, mean, marker="o", ms=3, label=label)
+            curves.append((steps, mean, low, high, line.get_color()))
             if len(method_runs) > 1:
                 ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, lw=0)
                 banded = True

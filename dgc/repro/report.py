@@ -30,6 +30,7 @@ import yaml
 
 from dgc import atomic
 from dgc.repro import plots
+from dgc.repro.rundir import read_records
 from dgc.repro.tables import HEADLINE, METRICS, TABLES, Paper, Row, Table, get_table
 
 MB = 2.0**20
@@ -85,16 +86,8 @@ def load_run(row: Row, run_dir: Path) -> Run:
         summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ReportError(f"cannot read {path}: {exc}") from exc
-    evals = []
     log = run_dir / "metrics.jsonl"
-    if log.is_file():
-        for line in log.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash
-            if record.get("kind") == "eval":
-                evals.append(record)
+    evals = [r for r in read_records(log) if r.get("kind") == "eval"] if log.is_file() else []
     return Run(row, run_dir, summary, _kind(run_dir, summary), evals)
 
 

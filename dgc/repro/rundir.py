@@ -48,6 +48,18 @@ def default_run_dir(task: str, compression: str) -> str:
     return str(path)
 
 
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """The records of a ``metrics.jsonl``, in order; a line that is not JSON (cut by a crash) is skipped. Raises
+    OSError when the file cannot be read."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 class MetricsLog:
     """Append-only ``metrics.jsonl``: one JSON object per line (rank 0 only)."""
 

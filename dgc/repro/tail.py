@@ -14,20 +14,15 @@ import json
 import sys
 from pathlib import Path
 
+from dgc.repro.rundir import read_records
+
 
 def _records(run_dir: Path) -> list[dict]:
     log = run_dir / "metrics.jsonl"
     try:
-        text = log.read_text()
+        return read_records(log)
     except OSError as exc:
         raise ValueError(f"cannot read {log}: {exc.strerror or exc}") from exc
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-    return out
 
 
 def summarize(run_dir: Path, train_steps: int = 1000, evals: int = 10) -> dict:
