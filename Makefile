@@ -2,19 +2,15 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(VENV)/bin/pip
 # Debian packages holding the offline data sets (installed when root with apt)
 DEB_DATA := dataset-fashion-mnist bible-kjv-text bible-kjv espeak-ng pocketsphinx-testdata
 
-.PHONY: help install demo data test test-all lint format bench bench-cluster gpu-check chaos clean
+.PHONY: help install lock demo data test test-all lint format bench bench-cluster gpu-check chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-$(PY):
-	python3 -m venv $(VENV)
-
-install: $(PY) ## create .venv, install dgc and its dependencies (and the offline data packages when root with apt); idempotent
+install: ## create .venv with the stack pinned in uv.lock (uv's shared cache: seconds in a second clone; plain pip if uv is unavailable) and, as root with apt, the offline data packages; idempotent
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  missing=$$(for p in $(DEB_DATA); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	  if [ -n "$$missing" ]; then \
@@ -22,8 +18,10 @@ install: $(PY) ## create .venv, install dgc and its dependencies (and the offlin
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  fi; \
 	else echo "not root with apt: skipping Debian data packages ($(DEB_DATA))"; fi
-	@$(PIP) install -q -e '.[dev,wandb,slurm]' > $(VENV)/pip-install.log 2>&1 || { cat $(VENV)/pip-install.log; exit 1; }
-	@$(PY) -c "import dgc, torch; print('dgc', dgc.__version__, 'torch', torch.__version__)"
+	@VENV=$(VENV) tools/install.sh
+
+lock: ## re-resolve uv.lock after editing the dependencies in pyproject.toml (commit it)
+	$$(tools/install.sh --print-uv) lock
 
 demo: install ## the main job: fmnist_resnet20 on 4 CPU workers, dense vs DGC; table and plot in results/demo/
 	$(PY) -m dgc.repro.demo --out results/demo
@@ -42,12 +40,12 @@ test-all: install ## every test, including slow and GPU-marked ones
 	$(PY) -m pytest -q
 
 lint: ## ruff check and format check
-	$(VENV)/bin/ruff check dgc tests tasks launch conf
-	$(VENV)/bin/ruff format --check dgc tests tasks launch conf
+	$(VENV)/bin/ruff check dgc tests tasks launch conf tools
+	$(VENV)/bin/ruff format --check dgc tests tasks launch conf tools
 
 format: ## apply ruff fixes and formatting
-	$(VENV)/bin/ruff check --fix dgc tests tasks launch conf
-	$(VENV)/bin/ruff format dgc tests tasks launch conf
+	$(VENV)/bin/ruff check --fix dgc tests tasks launch conf tools
+	$(VENV)/bin/ruff format dgc tests tasks launch conf tools
 
 bench: install ## selection and wire-size benchmarks, JSON under results/bench/
 	$(PY) -m dgc.bench select --out results/bench/select.json
