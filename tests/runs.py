@@ -6,9 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from tests.privatefs import die_with_parent
 
 TINY = [
     "task=fmnist_resnet20",
@@ -20,10 +23,17 @@ TINY = [
 
 
 def cli(
-    args: list[str], cwd: Path, torchrun: bool = False, env: dict | None = None, timeout: float = 300, nproc: int = 0
+    args: list[str],
+    cwd: Path,
+    torchrun: bool = False,
+    env: dict | None = None,
+    timeout: float = 300,
+    nproc: int = 0,
+    inside: Callable[[list[str]], list[str]] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m dgc.train`` in ``cwd``: in one process, under ``torchrun --nproc_per_node=2`` (``torchrun``),
-    or as ``python -m dgc.train --nproc N`` (``nproc``)."""
+    or as ``python -m dgc.train --nproc N`` (``nproc``); ``inside`` wraps the command line (e.g. to enter a
+    namespace), and the command then dies with the test."""
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dgc.train"]
     elif nproc:
@@ -35,7 +45,11 @@ def cli(
     full_env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
     full_env.update({"OMP_NUM_THREADS": "1", **(env or {})})
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([*cmd, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    argv = [*cmd, *args] if inside is None else inside([*cmd, *args])
+    preexec = None if inside is None else die_with_parent
+    return subprocess.run(
+        argv, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec
+    )
 
 
 def records(run_dir: Path, kind: str) -> list[dict]:

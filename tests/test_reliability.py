@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from dgc.repro.config import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_STALLED, EXIT_USER
+from tests import privatefs
 from tests.datafiles import write_fmnist
 from tests.runs import TINY, assert_same_training, cli, load, records
 
@@ -251,27 +252,50 @@ def test_mistakes_are_one_line_once(override, message, fmnist, tmp_path):
         assert line.startswith("error: ") and message in line, line
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a small tmpfs")
+@pytest.mark.skipif(privatefs.available() is not None, reason=str(privatefs.available()))
 def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(fmnist, tmp_path):
+    # a 24 MB tmpfs in a mount namespace of its own: gone with this test even if it is killed
     disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with privatefs.PrivateTmpfs(disk, "24m") as fs:
         run_dir = disk / "run"
         # a checkpoint here is about 5.5 MB (the model, both ranks' DGC momenta and residuals): room for one
-        (disk / "filler").write_bytes(b"\0" * (14 * 2**20))
-        out = cli(args(fmnist, run_dir, "train.max_steps=30"), tmp_path, nproc=2)
+        fs.outside(disk / "filler").write_bytes(b"\0" * (14 * 2**20))
+        out = cli(args(fmnist, run_dir, "train.max_steps=30"), tmp_path, nproc=2, inside=fs.command)
         assert out.returncode == EXIT_USER
         line = one_line(out)
         assert line.startswith(f"error: no space left on the device of {run_dir}") and "resume=auto" in line
-        step = load(run_dir)["counters"]["step"]
-        (disk / "filler").unlink()
-        out = cli(args(fmnist, run_dir, "train.max_steps=30"), tmp_path, nproc=2)
+        step = load(fs.outside(run_dir))["counters"]["step"]
+        fs.outside(disk / "filler").unlink()
+        out = cli(args(fmnist, run_dir, "train.max_steps=30"), tmp_path, nproc=2, inside=fs.command)
         assert out.returncode == 0, out.stderr[-2000:]
         assert f"at step {step}" in out.stdout
+    assert not privatefs.mounted_anywhere(disk) and not any(disk.iterdir())
+
+
+@pytest.mark.skipif(privatefs.available() is not None, reason=str(privatefs.available()))
+def test_the_full_disk_test_killed_leaves_no_mount(tmp_path):
+    """SIGKILL the test above while its tmpfs is mounted: no tmpfs of it anywhere afterwards."""
+    base = tmp_path / "killed"
+    test = f"{Path(__file__).resolve()}::test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={base}", test]
+    child = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not privatefs.mounted_anywhere(base):
+            assert child.poll() is None and time.monotonic() < deadline, "the test never mounted its tmpfs"
+            time.sleep(0.1)
+        time.sleep(1)  # let its training start inside the namespace
+        assert not privatefs.here(base)  # never in this (the root) namespace
+        child.kill()
+        child.wait(timeout=30)
+        deadline = time.monotonic() + 60  # the holder and the run inside die with the killed test
+        while privatefs.mounted_anywhere(base):
+            assert time.monotonic() < deadline, f"still mounted for {privatefs.mounted_anywhere(base)}"
+            time.sleep(0.2)
     finally:
-        subprocess.run(["umount", "-l", str(disk)])
+        child.kill()
+    assert not privatefs.here(base)
+    shutil.rmtree(base)  # nothing mounted under it: it can be removed
 
 
 def test_the_launcher_checks_the_config_before_starting_workers(tmp_path):
