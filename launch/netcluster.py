@@ -29,14 +29,26 @@ the veths and the bridge), also on a failure, on Ctrl-C (SIGINT), SIGTERM and SI
 status is the worst exit status of the ranks that ended on their own (a rank killed by signal S
 counts as 128 + S); after a signal to the launcher it is 128 + that signal.
 
+Nothing outlives a launcher killed with SIGKILL (which no handler sees):
+
+* each rank is started with ``PR_SET_PDEATHSIG`` = SIGKILL, so it dies with the launcher;
+* a reaper, a second copy of this script in a session of its own (so a process-group kill misses it),
+  waits on a pipe from the launcher; when the pipe closes it stops whatever still runs inside the
+  launcher's namespaces and deletes them;
+* the launcher and its reaper hold ``flock`` on ``/run/netcluster/<prefix><pid>.lock`` while the
+  namespaces exist: a cluster whose lock nobody holds is stale whatever its pid now names, and every
+  start (the launcher, hence ``python -m dgc.bench cluster`` and the tests) removes stale clusters of
+  its prefix before building its own.
+
 ``--dry-run`` prints the ``ip``/``tc`` commands and the rank command lines without running anything
-(no root needed). ``--cleanup-stale`` removes namespaces left by launchers that were killed with
-SIGKILL (their pid no longer exists) and stops the processes still running inside them.
+(no root needed). ``--cleanup-stale`` only removes stale clusters (see above) and exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import fcntl
 import os
 import re
 import shlex
@@ -52,6 +64,8 @@ RATE_RE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|t
 SUBNET_RE = re.compile(r"^(\d{1,3})\.(\d{1,3})\.(\d{1,3})$")
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+LOCK_DIR = "/run/netcluster"
+PR_SET_PDEATHSIG = 1
 
 
 class Interrupted(Exception):
@@ -125,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=10.0, help="seconds the other ranks get after one fails")
     p.add_argument("--dry-run", action="store_true", help="print the ip/tc commands and rank commands; run nothing")
     p.add_argument("--cleanup-stale", action="store_true", help="remove namespaces left by killed launchers, then exit")
+    p.add_argument("--reap", metavar="TAG", help=argparse.SUPPRESS)  # the reaper's mode (see the docstring)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs (after --)")
     return p
 
@@ -245,19 +260,88 @@ def kill_namespace_pids(ns: str) -> None:
                 pass
 
 
-def cleanup_stale(prefix: str) -> int:
-    """Remove namespaces ``<prefix><pid>-*`` whose launcher pid is gone."""
-    pattern = re.compile(rf"^{re.escape(prefix)}(\d+)-(hub|\d+)$")
-    removed = 0
-    for ns in list_namespaces():
-        m = pattern.match(ns)
-        if not m or pid_alive(int(m.group(1))):
-            continue
+def lock_path(tag: str) -> str:
+    return os.path.join(LOCK_DIR, f"{tag}.lock")
+
+
+def hold_lock(tag: str) -> int:
+    """Create and lock ``tag``'s lock file; the returned descriptor holds the lock until it is closed."""
+    os.makedirs(LOCK_DIR, exist_ok=True)
+    fd = os.open(lock_path(tag), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SetupError(f"{lock_path(tag)} is held by another launcher") from None
+    return fd
+
+
+def owner_alive(tag: str, pid: int) -> bool:
+    """Whether the launcher (or its reaper) of cluster ``tag`` still runs: it holds the lock."""
+    try:
+        fd = os.open(lock_path(tag), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return pid_alive(pid)  # no lock file: made by a launcher without them
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def remove_cluster(tag: str) -> int:
+    """Stop what runs inside cluster ``tag``'s namespaces, delete them and its lock file; how many there were."""
+    mine = [ns for ns in list_namespaces() if ns.startswith(tag + "-")]
+    for ns in mine:
         kill_namespace_pids(ns)
+    for ns in sorted(mine, key=lambda n: n.endswith("-hub")):  # the hub last, as teardown does
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        removed += 1
-    log(f"removed {removed} stale namespace(s)")
+    unlock_file(tag)
+    return len(mine)
+
+
+def unlock_file(tag: str) -> None:
+    """Remove ``tag``'s lock file, and the lock folder once it is empty."""
+    for remove, path in ((os.unlink, lock_path(tag)), (os.rmdir, LOCK_DIR)):
+        try:
+            remove(path)
+        except OSError:  # already gone, or other launchers' locks are still there
+            pass
+
+
+def cleanup_stale(prefix: str) -> int:
+    """Remove the clusters ``<prefix><pid>-*`` whose launcher and reaper are gone; how many namespaces that was."""
+    pattern = re.compile(rf"^({re.escape(prefix)}(\d+))(?:-(?:hub|\d+)|\.lock)$")
+    names = list_namespaces() + (os.listdir(LOCK_DIR) if os.path.isdir(LOCK_DIR) else [])
+    tags = {m.group(1): int(m.group(2)) for m in map(pattern.match, names) if m}
+    removed = sum(remove_cluster(tag) for tag, pid in sorted(tags.items()) if not owner_alive(tag, pid))
+    if removed:
+        log(f"removed {removed} stale namespace(s) of killed launchers")
+    return removed
+
+
+def reap(tag: str) -> int:
+    """The reaper: wait until the launcher closes our stdin (it ended, or was killed), then remove what is left."""
+    for s in HANDLED_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    sys.stdin.buffer.read()
+    left = remove_cluster(tag)
+    if left:
+        log(f"the launcher of {tag} died: removed its {left} namespace(s) and the processes inside")
     return 0
+
+
+def start_reaper(tag: str, lock_fd: int) -> subprocess.Popen:
+    """The reaper of cluster ``tag``, sharing the lock on ``lock_fd``, in a session of its own."""
+    argv = [sys.executable, os.path.abspath(__file__), "--reap", tag]
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True, pass_fds=(lock_fd,))
+
+
+def die_with_parent() -> None:
+    """preexec_fn of a rank: SIGKILL it when the launcher dies, however it dies (kept across exec)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def pid_alive(pid: int) -> bool:
@@ -333,11 +417,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    if args.reap:
+        return reap(args.reap)
     if args.cleanup_stale:
         if os.geteuid() != 0:
             log("must run as root (it removes network namespaces)")
             return 1
-        return cleanup_stale(args.prefix)
+        if not cleanup_stale(args.prefix):
+            log("no stale namespaces")
+        return 0
     if not command:
         parser.error("no command given: put it after --, e.g. -- python -c 'print(1)'")
     cluster = Cluster(
@@ -363,7 +451,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = {s: signal.signal(s, _raise_interrupted) for s in HANDLED_SIGNALS}
     procs: list[subprocess.Popen] = []
     status = 1
+    lock_fd: int | None = None
+    reaper: subprocess.Popen | None = None
     try:
+        cleanup_stale(args.prefix)
+        lock_fd = hold_lock(cluster.tag)
+        reaper = start_reaper(cluster.tag, lock_fd)
         cluster.setup()
         log(
             f"{args.nodes} node(s) of {args.ranks_per_node} rank(s) {cluster.ns(0)}..{cluster.ns(args.nodes - 1)}, "
@@ -371,7 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for i, local in cluster.ranks():
             env = dict(os.environ, **cluster.rank_env(i, args.port, args.threads, local))
-            procs.append(subprocess.Popen(cluster.rank_argv(i, command), env=env, start_new_session=True))
+            argv = cluster.rank_argv(i, command)
+            procs.append(subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent))
         status = wait_ranks(procs, args.grace)
     except Interrupted as e:
         log(f"got {e}: stopping the ranks and removing the cluster")
@@ -393,6 +487,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if left:
             log(f"could not remove namespace(s) {', '.join(left)}")
             status = status or 1
+        if lock_fd is not None:
+            if not left:
+                unlock_file(cluster.tag)
+            os.close(lock_fd)
+        if reaper is not None:
+            reaper.stdin.close()  # the reaper finds nothing left and exits
+            reaper.wait(timeout=30)
         for s, handler in previous.items():
             signal.signal(s, handler)
     return status

@@ -135,7 +135,7 @@ def test_signal_stops_the_ranks_and_cleans_up(sig: int) -> None:
 
 
 def _ranks_running(marker: str, at_least: int) -> bool:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     return sum(marker in line and "netcluster.py" not in line for line in out.splitlines()) >= at_least
 
 
@@ -164,3 +164,72 @@ def test_cluster_bench_small_run(tmp_path: Path) -> None:
     assert r["methods"]["dgc"]["sent_bytes"] < r["methods"]["none"]["sent_bytes"] / 50
     assert r["methods"]["dgc_compact"]["sent_bytes"] < r["methods"]["dgc"]["sent_bytes"]
     assert namespaces() == before
+
+
+# each rank runs a child of its own, so a rank killed alone leaves something inside its namespace
+STAY = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', sys.argv[1]])"
+
+
+def start_staying_cluster(marker: str, log: Path) -> subprocess.Popen:
+    with log.open("w") as err:  # not a pipe: the ranks' children keep theirs open after the launcher dies
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--nodes", "2", "--", sys.executable, "-c", STAY, marker],
+            stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not _ranks_running(marker, 4):  # two ranks and their two children
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.1)
+    return proc
+
+
+def reaper_of(tag: str) -> int:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    (pid,) = [int(line.split()[0]) for line in out.splitlines() if f"--reap {tag}" in line]
+    return pid
+
+
+def gone(tag: str, marker: str, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while any(ns.startswith(tag + "-") for ns in namespaces()) or _ranks_running(marker, 1):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@needs_root
+def test_sigkill_of_the_launcher_leaves_no_namespace_and_no_rank(tmp_path: Path) -> None:
+    marker = f"netcluster-kill-{os.getpid()}"
+    proc = start_staying_cluster(marker, tmp_path / "err")
+    tag = f"dgcn{proc.pid}"
+    try:
+        assert any(ns.startswith(tag + "-") for ns in namespaces())
+        proc.kill()  # no handler runs: the ranks die with it, the reaper removes the rest at once
+        proc.wait(timeout=30)
+        assert gone(tag, marker, within=20), (namespaces(), (tmp_path / "err").read_text())
+        assert not os.path.exists(f"/run/netcluster/{tag}.lock")
+    finally:
+        proc.kill()
+        netcluster("--cleanup-stale")
+
+
+@needs_root
+def test_the_next_start_removes_a_cluster_whose_launcher_and_reaper_were_killed(tmp_path: Path) -> None:
+    marker = f"netcluster-kill2-{os.getpid()}"
+    proc = start_staying_cluster(marker, tmp_path / "err")
+    tag = f"dgcn{proc.pid}"
+    try:
+        os.kill(reaper_of(tag), signal.SIGKILL)
+        proc.kill()
+        proc.wait(timeout=30)
+        time.sleep(1)
+        left = {ns for ns in namespaces() if ns.startswith(tag + "-")}
+        assert len(left) == 3 and _ranks_running(marker, 2)  # the ranks' children still run inside
+        out = netcluster("--nodes", "1", "--", "true")
+        assert out.returncode == 0, out.stderr
+        assert "removed 3 stale namespace(s) of killed launchers" in out.stderr
+        assert gone(tag, marker, within=5) and not os.path.exists(f"/run/netcluster/{tag}.lock")
+    finally:
+        proc.kill()
+        netcluster("--cleanup-stale")
