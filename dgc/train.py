@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import traceback
 from dataclasses import fields, is_dataclass
 from typing import NoReturn
@@ -210,8 +211,11 @@ def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--standalone", "--monitor-interval=1"]
+    # the agent's files (the workers' error reports) in a folder removed on exit: left to itself it makes
+    # /tmp/torchelastic_* and never removes it
+    logs = tempfile.TemporaryDirectory(prefix="dgc-launch-")
     try:
-        run(parse_args([*args, "-m", "dgc.train", *overrides]))
+        run(parse_args([*args, f"--log-dir={logs.name}", "-m", "dgc.train", *overrides]))
     except SignalException:
         # the job was told to stop (SIGTERM, SIGINT...): the agent passed it to the workers, which stopped at
         # a step boundary after a checkpoint and said so
@@ -223,6 +227,8 @@ def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
         if all(c < 0 for c in codes):
             print(f"error: worker killed by signal {-codes[0]}", file=sys.stderr, flush=True)
         sys.exit(status)
+    finally:
+        logs.cleanup()
     sys.exit(0)
 
 

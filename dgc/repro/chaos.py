@@ -32,6 +32,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=20, help="checkpoint interval in steps (default: 20)")
     p.add_argument("--nproc", type=int, default=2, help="ranks (default: 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault schedule (default: 0)")
-    p.add_argument("--work", default=None, help="where the runs go (default: a temporary folder)")
+    p.add_argument("--work", default=None, help="where the runs go (default: a temporary folder, removed at the end)")
     p.add_argument("--out", default="runs/reliability", help="report folder (default: %(default)s; make: results/)")
     p.add_argument("extra", nargs="*", help="more dgc.train overrides for both runs")
     args = p.parse_args(argv)
@@ -150,8 +151,23 @@ def compare(ref: Path, run: Path) -> dict[str, bool]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.work:
+        chaos(args, Path(args.work), argv)
+        return
+    with tempfile.TemporaryDirectory(prefix="dgc-chaos-") as tmp:
+        try:
+            chaos(args, Path(tmp), argv)
+        except BaseException:  # the runs go with the folder; their log is kept beside the report
+            if (Path(tmp) / "chaos.log").exists():
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(tmp) / "chaos.log", Path(args.out) / "chaos.log")
+                print(f"[chaos] the launches' output: {Path(args.out) / 'chaos.log'}", file=sys.stderr)
+            raise
+
+
+def chaos(args: argparse.Namespace, work: Path, argv: list[str] | None) -> None:
+    """The reference run and the faulted run in ``work``; the report in ``args.out``."""
     launches, data_faults = schedule(args)
-    work = Path(args.work) if args.work else Path(__import__("tempfile").mkdtemp(prefix="dgc-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     ref_dir, run_dir, log = work / "reference", work / "chaos", work / "chaos.log"
     for d in (ref_dir, run_dir):
@@ -160,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[chaos] reference run ({args.steps} steps, data faults {data_faults or 'none'}) in {ref_dir}", flush=True)
     started = time.monotonic()
     if launch(command(args, ref_dir), data_faults, log) != 0:
-        raise SystemExit(f"error: the reference run failed; see {log}")
+        raise SystemExit("error: the reference run failed; see the launches' output")
     reference_s = time.monotonic() - started
     report: list[dict[str, Any]] = []
     for i, plan in enumerate([*launches, {"fault": None, "files": []}]):
