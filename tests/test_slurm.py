@@ -1,7 +1,8 @@
 """The Slurm launch scripts, run for real on a Slurm cluster (skipped cleanly where there is none).
 
 Locally: ``launch/slurm/local_cluster.sh start`` (root; a one-node CPU cluster), then
-``pytest -m slurm``; ``launch/slurm/local_cluster.sh stop`` afterwards.
+``pytest -m slurm``; ``launch/slurm/local_cluster.sh stop`` afterwards (``stop --purge`` also removes what
+``start`` installed and created).
 """
 
 from __future__ import annotations
