@@ -42,9 +42,10 @@ test-slurm-cluster: install ## (root, apt) a real launch/slurm/local_cluster.sh 
 test-all: install ## every test, including slow and GPU-marked ones
 	$(PY) -m pytest -q
 
-lint: ## ruff check and format check
+lint: ## ruff check and format check; every tensor the library builds says its device (tools/check_devices.py)
 	$(VENV)/bin/ruff check dgc tests tasks launch conf tools
 	$(VENV)/bin/ruff format --check dgc tests tasks launch conf tools
+	$(PY) tools/check_devices.py
 
 format: ## apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix dgc tests tasks launch conf tools

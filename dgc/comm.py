@@ -18,6 +18,27 @@ it sends as sent bytes.
 An exchange over several process groups (inside a machine, between machines) uses
 :meth:`Comm.sub` communicators, which count into their parent's traffic and phases, so a step's
 bytes are the sum over every group it used.
+
+Devices. A process group serves one kind of device: NCCL only CUDA tensors (a CPU tensor raises "No
+backend type associated with device type cpu"), gloo CPU tensors. :attr:`Comm.device` is that device
+(the current CUDA device under NCCL, else the CPU), every tensor a :class:`Comm` builds for a collective
+(counts, lengths) is built there, and an input that is elsewhere is moved there and back (a host value
+such as the control flags costs one copy each way, not a failure). The library builds its tensors on
+the gradients' device (``tests/test_devices.py`` and ``tools/check_devices.py`` check it); host values
+come back with one ``.tolist()`` per collective, not tensor by tensor.
+
+NCCL's rules for the collectives used here (PyTorch's ``torch.distributed`` documentation):
+
+* ``all_reduce``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``, ``all_to_all_single`` (with
+  uneven split sizes) and ``broadcast`` take tensors on the rank's current CUDA device; the padded
+  allgather of :meth:`Comm.allgather_bytes` and the uneven all-to-all are fine under NCCL.
+* The object collectives (``broadcast_object_list``, ``gather_object``, ``all_gather_object``) pickle
+  through tensors on the current CUDA device: ``torch.cuda.set_device`` must have been called
+  (:func:`dgc.distributed.init` does); they sync with the host, so they stay off the per-step path.
+* ``new_group`` is collective: every rank calls it for every group, in the same order, even for groups
+  it is not in (:mod:`dgc.topology`). A sub-group takes the default group's backend, so a machine's
+  group is NCCL too; the shared-memory local bus (:mod:`dgc.localbus`) is for CPU tensors only.
+* ``barrier`` under NCCL runs on the current device; ``monitored_barrier`` exists only on gloo.
 """
 
 from __future__ import annotations
@@ -52,7 +73,7 @@ class Traffic:
 class Comm:
     """A process group plus byte accounting. ``group=None`` uses the default group."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None):
+    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None):
         self.group = group
         self.distributed = dist.is_available() and dist.is_initialized()
         if self.distributed:
@@ -60,6 +81,8 @@ class Comm:
             self.rank = dist.get_rank(group)
         else:
             self.world_size, self.rank = 1, 0
+        #: the device of the tensors this communicator's collectives take (see the module docstring)
+        self.device = torch.device(device) if device is not None else group_device(group, self.distributed)
         self._traffic = Traffic()
         self._phases = Phases()
         self.parent: Comm | None = None
@@ -84,7 +107,7 @@ class Comm:
     def sub(self, group: dist.ProcessGroup | None, local_bus: bool = False) -> Comm:
         """A communicator over ``group`` (None: a world of one) that counts into this one; ``local_bus``: its
         ranks share a machine, and its bytes count as ``Traffic.local_sent``, not as network traffic."""
-        comm = Comm(group) if group is not None else Comm.local()
+        comm = Comm(group, self.device) if group is not None else Comm.local(self.device)
         comm.parent = self
         comm.local_bus = local_bus
         return comm
@@ -95,11 +118,22 @@ class Comm:
         self.traffic.add(sent, recv, local=self.local_bus)
 
     @classmethod
-    def local(cls) -> Comm:
+    def local(cls, device: torch.device | str | None = None) -> Comm:
         """A world of one even inside a process group: every collective is the identity (counted)."""
-        comm = cls()
+        comm = cls(device=device if device is not None else "cpu")
         comm.distributed, comm.world_size, comm.rank, comm.group = False, 1, 0, None
         return comm
+
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on :attr:`device` (itself when it is there already)."""
+        return t if t.device == self.device else t.to(self.device)
+
+    def _all_reduce_(self, flat: torch.Tensor, op: dist.ReduceOp) -> None:
+        work = self.place(flat)
+        with self.phases("communicate"):
+            dist.all_reduce(work, op=op, group=self.group)
+        if work is not flat:
+            flat.copy_(work)
 
     def reset_traffic(self) -> Traffic:
         """Return the traffic counted so far and start counting afresh."""
@@ -120,8 +154,7 @@ class Comm:
             pre_divide = flat.element_size() < 4
             if pre_divide:
                 flat.div_(self.world_size)
-            with self.phases("communicate"):
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+            self._all_reduce_(flat, dist.ReduceOp.SUM)
             if not pre_divide:
                 flat.div_(self.world_size)
         return flat
@@ -131,8 +164,7 @@ class Comm:
         nbytes = flat.numel() * flat.element_size()
         self.count(nbytes, nbytes if self.world_size > 1 else 0)
         if self.world_size > 1:
-            with self.phases("communicate"):
-                dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=self.group)
+            self._all_reduce_(flat, dist.ReduceOp.MAX)
         return flat
 
     def reduce_scatter_mean(self, flat: torch.Tensor) -> torch.Tensor:
@@ -145,6 +177,7 @@ class Comm:
         self.count(nbytes * (n - 1) // n, nbytes * (n - 1) // n)
         if n == 1:
             return flat
+        flat = self.place(flat)
         out = flat.new_empty(flat.numel() // n)
         with self.phases("communicate"):
             dist.reduce_scatter_tensor(out, flat, group=self.group)
@@ -159,7 +192,8 @@ class Comm:
         if n == 1:
             self.count(0, 0)
             return buf, list(counts)
-        sizes = torch.tensor(counts, dtype=torch.int64)
+        buf = self.place(buf)
+        sizes = torch.tensor(counts, dtype=torch.int64, device=self.device)
         got = torch.empty_like(sizes)
         self.count(8 * (n - 1), 8 * (n - 1))
         with self.phases("communicate"):
@@ -179,6 +213,7 @@ class Comm:
         self.count(nbytes, nbytes * (self.world_size - 1))
         if self.world_size == 1:
             return buf.unsqueeze(0)
+        buf = self.place(buf)
         out = buf.new_empty((self.world_size, buf.numel()))
         with self.phases("communicate"):
             dist.all_gather_into_tensor(out.view(-1), buf.contiguous(), group=self.group)
@@ -196,7 +231,7 @@ class Comm:
         if self.world_size == 1:
             self.count(buf.numel(), 0)
             return buf.unsqueeze(0), [buf.numel()]
-        length = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
+        length = torch.tensor([buf.numel()], dtype=torch.int64, device=self.device)
         lengths = self.allgather(length).view(-1).tolist()
         longest = max(lengths)
         if longest == 0:
@@ -206,3 +241,11 @@ class Comm:
             padded[: buf.numel()] = buf
             buf = padded
         return self.allgather(buf), lengths
+
+
+def group_device(group: dist.ProcessGroup | None, distributed: bool) -> torch.device:
+    """The device whose tensors ``group``'s collectives take: the current CUDA device if its backend is NCCL
+    (also ``cpu:gloo,cuda:nccl``, where the gradients are CUDA tensors), else the CPU."""
+    if distributed and "nccl" in str(dist.get_backend(group)).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

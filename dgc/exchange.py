@@ -214,7 +214,7 @@ class SparseAllreduce(Exchange):
         """Boundaries at the quantiles of the positions just kept (known to every worker: all agree)."""
         if kept.numel() < 2 * n:
             return
-        q = torch.quantile(kept.double(), torch.linspace(0, 1, n + 1, dtype=torch.float64)[1:-1])
+        q = torch.quantile(kept.double(), torch.linspace(0, 1, n + 1, dtype=torch.float64, device=kept.device)[1:-1])
         inner = q.round().to(torch.int64).clamp_(1, total - 1)
         self.bounds = torch.cat([inner.new_zeros(1), inner, inner.new_tensor([total])])
 
@@ -280,7 +280,7 @@ def _pack(pos: torch.Tensor, val: torch.Tensor, total: int) -> torch.Tensor:
 
 def _unpack(records: torch.Tensor, value_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The positions (int64) and values of :func:`_pack`'s records."""
-    vbytes = torch.empty((), dtype=value_dtype).element_size()
+    vbytes = value_dtype.itemsize
     index_dtype = torch.int32 if records.shape[1] - vbytes == 4 else torch.int64
     pos = records[:, :-vbytes].contiguous().view(index_dtype).view(-1).to(torch.int64)
     return pos, records[:, -vbytes:].contiguous().view(value_dtype).view(-1)

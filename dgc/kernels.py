@@ -248,14 +248,14 @@ class Buffers:
     """Per-thread position buffers, grown on demand and reused."""
 
     def __init__(self) -> None:
-        self.pos = torch.empty(0, dtype=torch.int64)
-        self.counts = torch.empty(0, dtype=torch.int64)
+        self.pos = torch.empty(0, dtype=torch.int64, device="cpu")  # the C kernel runs on the CPU only
+        self.counts = torch.empty(0, dtype=torch.int64, device="cpu")
 
     def get(self, threads: int, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.pos.numel() < threads * cap:
-            self.pos = torch.empty(threads * cap, dtype=torch.int64)
+            self.pos = torch.empty(threads * cap, dtype=torch.int64, device="cpu")
         if self.counts.numel() < threads:
-            self.counts = torch.zeros(threads, dtype=torch.int64)
+            self.counts = torch.zeros(threads, dtype=torch.int64, device="cpu")
         return self.pos, self.counts
 
 
@@ -300,7 +300,7 @@ def acc_select(
         return total, None
     parts = [pos[t * cap : t * cap + c] for t, c in enumerate(per) if c]
     if not parts:
-        return 0, torch.empty(0, dtype=torch.int64)
+        return 0, torch.empty(0, dtype=torch.int64, device="cpu")
     return total, torch.cat(parts) if len(parts) > 1 else parts[0].clone()
 
 
@@ -321,7 +321,7 @@ def sample(
         raise ValueError("sample: this mode needs g (and u)")
     start, stop, stride = where.indices(v.numel())
     count = max(0, (stop - start + stride - 1) // stride)
-    out = torch.empty(count, dtype=torch.float32)
+    out = torch.empty(count, dtype=torch.float32, device="cpu")
     threads = max(1, min(torch.get_num_threads(), (count + 16383) // 16384))
     lib.dgc_sample(
         g.data_ptr() if g is not None else None,

@@ -73,7 +73,7 @@ class SharedMemoryBus:
         if have is not None and have[1].numel() == numel and have[1].dtype == dtype:
             return have
         self._buffers.pop(key, None)
-        r, item = self.ranks, torch.empty((), dtype=dtype).element_size()
+        r, item = self.ranks, dtype.itemsize
         nbytes = (r + 1) * numel * item
         mapped = self._map(key, nbytes)
         flat = mapped[:nbytes].view(dtype)
@@ -117,7 +117,7 @@ class SharedMemoryBus:
                     mapped = torch.frombuffer(view, dtype=torch.uint8)  # holds the mapping while it lives
             except (OSError, ValueError) as exc:
                 error = f"rank {self.comm.rank} of the machine cannot map {path}: {exc}"
-        ok = torch.tensor([0 if error else 1], dtype=torch.int32)
+        ok = torch.tensor([0 if error else 1], dtype=torch.int32, device="cpu")  # CPU ranks only, on gloo
         dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.comm.group)  # every rank has mapped it, or gave up
         if self.comm.rank == 0 and os.path.exists(path):
             os.unlink(path)  # the mappings stay: nothing is left behind even if the job is killed

@@ -207,7 +207,8 @@ class SamplingPlan:
     k_sample: int
 
     def draw_start(self, generator: torch.Generator | None) -> int:
-        return int(torch.randint(self.stride, (1,), generator=generator).item())
+        # a host value from a CPU generator: the same start on every device, no device sync
+        return int(torch.randint(self.stride, (1,), generator=generator, device="cpu").item())
 
     def positions(self, start: int) -> slice:
         return slice(start, start + self.stride * (self.num_samples - 1) + 1, self.stride)

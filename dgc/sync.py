@@ -394,10 +394,10 @@ class GradientSync:
 
     def _agree(self, bad: bool) -> tuple[bool, tuple[str, ...]]:
         """Whether any worker's gradient was not finite, and what any worker requested (one small MAX)."""
-        flags = torch.tensor([bad, *(r in self._requested for r in REQUESTS)], dtype=torch.uint8)
+        flags = [bad, *(r in self._requested for r in REQUESTS)]
         self._requested.clear()
-        self.comm.allreduce_max_(flags)
-        return bool(flags[0]), tuple(r for r, f in zip(REQUESTS, flags[1:].tolist()) if f)
+        agreed = self.comm.allreduce_max_(torch.tensor(flags, dtype=torch.uint8, device=self.comm.device)).tolist()
+        return bool(agreed[0]), tuple(r for r, f in zip(REQUESTS, agreed[1:]) if f)  # one host sync for all
 
     def _finish(self, pairs, compressed, phases, control, dense_sent, skipped, requests) -> StepStats:  # noqa: ANN001
         traffic = self.comm.reset_traffic()

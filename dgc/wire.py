@@ -328,8 +328,8 @@ def _numels_tensor(numels: list[int] | None, fmt: WireFormat, tensors: int, devi
 def _flat(values: list[torch.Tensor], indices: list[torch.Tensor], fmt: WireFormat):  # noqa: ANN202
     device = values[0].device if values else torch.device("cpu")
     counts = torch.tensor([v.numel() for v in values], dtype=torch.int64, device=device)
-    vals = torch.cat(values).to(fmt.value_dtype) if values else torch.zeros(0, dtype=fmt.value_dtype)
-    idx = torch.cat(indices).to(torch.int64) if indices else torch.zeros(0, dtype=torch.int64)
+    vals = torch.cat(values).to(fmt.value_dtype) if values else torch.zeros(0, dtype=fmt.value_dtype, device=device)
+    idx = torch.cat(indices).to(torch.int64) if indices else torch.zeros(0, dtype=torch.int64, device=device)
     return counts, vals, idx
 
 
@@ -347,8 +347,9 @@ def encoded_size(
     if fmt.indices == "auto":
         _numels_tensor(numels, fmt, len(values), torch.device("cpu"))
         return 4 + encoded_size(values, indices, _auto_choice(values, indices, fmt, numels), numels)
-    counts = torch.tensor([v.numel() for v in values], dtype=torch.int64)
-    idx = torch.cat(indices).to(torch.int64).cpu() if indices else torch.zeros(0, dtype=torch.int64)
+    # a size, computed on the host (a bench and the auto format's choice; never on the way to a collective)
+    counts = torch.tensor([v.numel() for v in values], dtype=torch.int64, device="cpu")
+    idx = torch.cat(indices).to(torch.int64).cpu() if indices else torch.zeros(0, dtype=torch.int64, device="cpu")
     n_vals = int(counts.sum())
     base = 8 * len(values) + _pad4(n_vals * fmt.value_dtype.itemsize)
     return base + _CODECS[fmt.indices].size(idx, counts, _numels_tensor(numels, fmt, len(values), idx.device))
@@ -379,7 +380,7 @@ def encode(
         _numels_tensor(numels, fmt, len(values), torch.device("cpu"))
         choice = _auto_choice(values, indices, fmt, numels)
         inner = encode(values, indices, choice, numels)
-        tag = torch.tensor([_AUTO_TAGS[choice.indices]], dtype=torch.int32).view(torch.uint8).to(inner.device)
+        tag = torch.tensor([_AUTO_TAGS[choice.indices]], dtype=torch.int32, device=inner.device).view(torch.uint8)
         return torch.cat([tag, inner])
     counts, vals, idx = _flat(values, indices, fmt)
     per_tensor, index_parts = _CODECS[fmt.indices].encode(

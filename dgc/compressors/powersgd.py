@@ -70,7 +70,8 @@ class PowerSGD(Compressor):
     def _initial_q(self, item: Item, m: int, r: int) -> torch.Tensor:
         # same seed on every worker, different per tensor
         gen = seeding.generator(self.seed, zlib.crc32(item.name.encode()))
-        return torch.randn(m, r, generator=gen).to(item.grad.device, item.grad.dtype)
+        # drawn on the CPU from a CPU generator (the same numbers whatever the device), then moved there
+        return torch.randn(m, r, generator=gen, device="cpu").to(item.grad.device, item.grad.dtype)
 
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
         if not items:

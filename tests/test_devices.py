@@ -1,0 +1,107 @@
+"""Every tensor the library builds on its way to a collective is built on the gradients' device: proven on
+the CPU with :class:`tests.devices.HostTensorGuard` over whole steps of 2 real gloo ranks (every compressor,
+every exchange, the DDP hook, a non-finite step, a stop request, a state_dict round trip), and a static check
+of the library's source (``tools/check_devices.py``, also run by ``make lint``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+import dgc
+from dgc.comm import Comm
+from tests.devices import DGC, HostTensorGuard
+from tests.multiproc import run
+from tests.test_sync_dist import batch, make_model
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"topk": {"density": 0.05}, "dgc": {"density": 0.05}, "powersgd": {"rank": 2}}
+
+
+def train(model, sync, rank: int, steps: int, net=None, poison_at: int = -1) -> None:  # noqa: ANN001
+    opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    for step in range(steps):
+        sync.set_epoch(step / 4)
+        x, y = batch(rank, step)
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy((net or model)(x), y).backward()
+        if step == poison_at and rank == 1:
+            next(model.parameters()).grad.view(-1)[0] = float("nan")
+        if step == poison_at + 1 and rank == 0:
+            sync.request("stop")
+        if net is None:
+            sync.step()
+        opt.step()
+
+
+def plant_host_tensor() -> None:
+    """A ``torch.tensor([1])`` in the path of every allgather, written as if in dgc/comm.py."""
+    source = "import torch\ndef planted(self, buf, _orig=None):\n    torch.tensor([1])\n    return _orig(self, buf)\n"
+    ns: dict = {}
+    exec(compile(source, f"{DGC}/comm.py", "exec"), ns)
+    original = Comm.allgather
+    Comm.allgather = lambda self, buf: ns["planted"](self, buf, _orig=original)
+
+
+def _every_path(rank: int, world: int, plant: bool) -> list[str]:
+    if plant:
+        plant_host_tensor()
+    with HostTensorGuard() as guard:
+        for name in dgc.COMPRESSORS:
+            model = make_model()
+            train(model, dgc.GradientSync(model, dgc.build_compressor(name, **SMALL.get(name, {})), clip_norm=5.0),
+                  rank, 3)  # fmt: skip
+        for exchange, extra in [("hierarchical", {"local_bus": "group"}), ("hierarchical", {"local_bus": "shm"}),
+                                ("sparse_allreduce", {})]:  # fmt: skip
+            model = make_model()
+            compressor = dgc.build_compressor("dgc", density=0.05)
+            sync = dgc.GradientSync(model, compressor, exchange=exchange, ranks_per_node=2, **extra)
+            train(model, sync, rank, 3)
+        model = make_model()  # a non-finite gradient, then a stop request; a state_dict round trip
+        sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.05), clip_norm=1.0)
+        train(model, sync, rank, 4, poison_at=1)
+        sync.load_state_dict(sync.state_dict())
+        train(model, sync, rank, 2)
+        model = make_model()  # the DDP hook
+        sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.05))
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(sync, dgc.ddp_comm_hook)
+        train(model, sync, rank, 3, net=ddp)
+    return guard.found
+
+
+def test_every_path_builds_its_tensors_on_the_gradients_device() -> None:
+    found = run(_every_path, 2, False)
+    assert found == [[], []], (
+        "tensors built without a device (the CPU, under NCCL a failing collective):\n" + "\n".join(found[0])
+    )
+
+
+def test_a_planted_host_tensor_in_a_collective_path_is_caught() -> None:
+    found = run(_every_path, 2, True)
+    assert all("dgc/comm.py:3 torch.tensor" in f for f in found), found
+
+
+def test_the_guard_sees_only_calls_without_a_device() -> None:
+    with HostTensorGuard() as guard:
+        torch.zeros(3, device="cpu"), torch.tensor([1.0]).new_zeros(2), torch.empty_like(torch.ones(2, device="cpu"))
+    assert guard.found == []  # made here, not in dgc/, and with devices
+
+
+def test_the_static_check_is_clean_and_catches_a_plant(tmp_path) -> None:
+    check = [sys.executable, str(ROOT / "tools" / "check_devices.py")]
+    out = subprocess.run(check, capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout == "", out.stdout + out.stderr
+    planted = tmp_path / "planted.py"
+    planted.write_text("import torch\n\ndef f(n):\n    return torch.tensor([n], dtype=torch.int64)\n")
+    out = subprocess.run([*check, str(planted)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 1
+    assert (
+        out.stdout.strip()
+        == f"{planted}:4: torch.tensor without device= (use the gradients' device; device='cpu' for a host value)"
+    )
