@@ -76,7 +76,7 @@ bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/perform
 	$(PY) -m dgc.costmodel results/bench/cluster_4x2.json results/bench/cluster_sar_2x1.json \
 	  results/bench/cluster_sar_4x1.json results/bench/cluster_sar_8x1.json --out results/bench/costmodel.json
 
-gpu-check: install ## (GPU machine) the whole GPU check in one command, ~8 min: gpu tests, every task on CUDA, compress timing, cluster bench; results/gpu/
+gpu-check: install ## (GPU machine) the whole GPU check in one command, ~8 min: gpu tests, every task on CUDA, every collective on NCCL, compress timing, cluster bench; results/gpu/
 	$(PY) -m dgc.bench gpu --out-dir results/gpu
 
 chaos: install ## one 2-rank run hit by random faults and relaunched, against the same run left alone (~15 min); results/reliability/

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dgc.distributed import collectives_at_world_1
 from dgc.timing import Phases
 
 
@@ -81,6 +82,8 @@ class Comm:
             self.rank = dist.get_rank(group)
         else:
             self.world_size, self.rank = 1, 0
+        #: whether collectives run (world size 1: each is the identity, unless DGC_COLLECTIVES_AT_WORLD_1=1)
+        self.collective = self.distributed and (self.world_size > 1 or collectives_at_world_1())
         #: the device of the tensors this communicator's collectives take (see the module docstring)
         self.device = torch.device(device) if device is not None else group_device(group, self.distributed)
         self._traffic = Traffic()
@@ -122,6 +125,7 @@ class Comm:
         """A world of one even inside a process group: every collective is the identity (counted)."""
         comm = cls(device=device if device is not None else "cpu")
         comm.distributed, comm.world_size, comm.rank, comm.group = False, 1, 0, None
+        comm.collective = False
         return comm
 
     def place(self, t: torch.Tensor) -> torch.Tensor:
@@ -150,7 +154,7 @@ class Comm:
         """
         nbytes = flat.numel() * flat.element_size()
         self.count(nbytes, nbytes if self.world_size > 1 else 0)
-        if self.world_size > 1:
+        if self.collective:
             pre_divide = flat.element_size() < 4
             if pre_divide:
                 flat.div_(self.world_size)
@@ -163,7 +167,7 @@ class Comm:
         """Element-wise maximum over all workers, in place."""
         nbytes = flat.numel() * flat.element_size()
         self.count(nbytes, nbytes if self.world_size > 1 else 0)
-        if self.world_size > 1:
+        if self.collective:
             self._all_reduce_(flat, dist.ReduceOp.MAX)
         return flat
 
@@ -175,7 +179,7 @@ class Comm:
         nbytes = flat.numel() * flat.element_size()
         # a reduce-scatter moves (N-1)/N of the buffer out of and into each worker
         self.count(nbytes * (n - 1) // n, nbytes * (n - 1) // n)
-        if n == 1:
+        if not self.collective:
             return flat
         flat = self.place(flat)
         out = flat.new_empty(flat.numel() // n)
@@ -189,7 +193,7 @@ class Comm:
         n = self.world_size
         if len(counts) != n or sum(counts) != buf.numel():
             raise ValueError(f"all_to_all wants {n} counts adding up to {buf.numel()}, got {counts}")
-        if n == 1:
+        if not self.collective:
             self.count(0, 0)
             return buf, list(counts)
         buf = self.place(buf)
@@ -211,7 +215,7 @@ class Comm:
         """Gather equal-sized 1-D tensors: returns ``[world_size, len(buf)]``."""
         nbytes = buf.numel() * buf.element_size()
         self.count(nbytes, nbytes * (self.world_size - 1))
-        if self.world_size == 1:
+        if not self.collective:
             return buf.unsqueeze(0)
         buf = self.place(buf)
         out = buf.new_empty((self.world_size, buf.numel()))
@@ -228,8 +232,10 @@ class Comm:
         """
         if buf.dtype != torch.uint8 or buf.dim() != 1:
             raise ValueError("allgather_bytes takes a 1-D uint8 tensor")
-        if self.world_size == 1:
-            self.count(buf.numel(), 0)
+        if not self.collective:  # counted as the two collectives would be: the length, then the message
+            self.count(8, 0)
+            if buf.numel():
+                self.count(buf.numel(), 0)
             return buf.unsqueeze(0), [buf.numel()]
         length = torch.tensor([buf.numel()], dtype=torch.int64, device=self.device)
         lengths = self.allgather(length).view(-1).tolist()

@@ -4,7 +4,10 @@
 * ``srun`` without torchrun (e.g. Hydra's submitit launcher) sets ``SLURM_PROCID``, ``SLURM_NTASKS``,
   ``SLURM_LOCALID``; unless exported, ``MASTER_ADDR`` is then the first host of the step's node list
   (where task 0 runs) and ``MASTER_PORT`` is derived from the job id (:func:`slurm_master_env`);
-* otherwise the run is a single process and no process group is created.
+* otherwise the run is a single process and no process group is created, unless
+  ``DGC_COLLECTIVES_AT_WORLD_1=1``: then a process group of one is made (an in-memory store) and every
+  collective runs at world size 1 too, where the library would otherwise skip it. Only the GPU check
+  (``python -m dgc.bench gpu``: NCCL's collective paths on one GPU) and the tests use it.
 
 The backend is NCCL when the run uses CUDA and gloo otherwise; with CUDA each rank
 takes the GPU of its local rank.
@@ -22,6 +25,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+#: the switch that keeps every collective at world size 1 (see the module docstring)
+COLLECTIVES_AT_WORLD_1 = "DGC_COLLECTIVES_AT_WORLD_1"
+
+
+def collectives_at_world_1() -> bool:
+    return os.environ.get(COLLECTIVES_AT_WORLD_1) == "1"
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -34,6 +44,11 @@ class DistInfo:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def collectives(self) -> bool:
+        """Whether the run's collectives run: several workers, or a group of one under the switch."""
+        return self.world_size > 1 or self.backend is not None
 
 
 def _env_int(*names: str) -> int | None:
@@ -97,9 +112,15 @@ def init_distributed(device: str = "auto", timeout_s: float = 600) -> DistInfo:
     if dev.type == "cuda":
         dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
-    if world_size == 1:
-        return DistInfo(0, 1, 0, dev, None)
     backend = "nccl" if dev.type == "cuda" else "gloo"
+    if world_size == 1:
+        if not collectives_at_world_1():
+            return DistInfo(0, 1, 0, dev, None)
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend, store=dist.HashStore(), rank=0, world_size=1, device_id=dev if dev.type == "cuda" else None
+            )
+        return DistInfo(0, 1, local_rank, dev, backend)
     if not dist.is_initialized():
         os.environ.update(slurm_master_env(os.environ))
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -223,7 +223,7 @@ class SparseAllreduce(Exchange):
         comm, n = self.comm, self.comm.world_size
         if not items:
             return
-        if n == 1:
+        if not comm.collective:
             compressor.exchange(items, comm, phases)
             return
         device = items[0].grad.device

@@ -32,7 +32,7 @@ def test_without_a_gpu_one_line_and_non_zero(tmp_path: Path) -> None:
 def test_unknown_part_is_refused(tmp_path: Path) -> None:
     out = gpu_check("--self-test", "--parts", "tests,nope", "--out-dir", str(tmp_path))
     assert out.returncode == 2
-    assert "unknown part 'nope'; valid: tests, tasks, select, cluster" in out.stderr
+    assert "unknown part 'nope'; valid: tests, tasks, collectives, select, cluster" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 
 
@@ -42,7 +42,12 @@ def test_self_test_runs_every_part_and_writes_the_summary(tmp_path: Path) -> Non
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ok"] and summary["self_test"]
     parts = summary["parts"]
-    assert set(parts) == {"tests", "tasks", "select", "cluster"}
+    assert set(parts) == {"tests", "tasks", "collectives", "select", "cluster"}
+    collectives = {r["name"]: r for r in parts["collectives"]["runs"]}
+    assert parts["collectives"]["ok"] and parts["collectives"]["backend"] == "gloo"
+    assert set(collectives) == {"world_1 flat", "world_1 sparse_allreduce", "world_1 hierarchical",
+                                "world_1 ddp_hook", "world_1 powersgd"}  # fmt: skip
+    assert all(r["last_step"] == 6 for r in collectives.values())
     runs = {r["name"]: r for r in parts["tasks"]["runs"]}
     assert set(runs) == {"fmnist_resnet20", "ddp_hook_world_1", "resume"}
     assert all(r["ok"] for r in runs.values())
@@ -50,9 +55,10 @@ def test_self_test_runs_every_part_and_writes_the_summary(tmp_path: Path) -> Non
     select = json.loads((tmp_path / "select_tiny.json").read_text())
     assert select["dgc_ms"] > 0 and select["topk_ms"] > 0
     assert parts["cluster"]["ok"] is None  # skipped, not failed
-    for name in ("tests", "tasks", "select", "cluster", "summary"):
+    for name in ("tests", "tasks", "collectives", "select", "cluster", "summary"):
         assert (tmp_path / f"{name}.json").exists()
     table = (tmp_path / "summary.md").read_text()
+    assert "| collectives | world_1 ddp_hook | ok |" in table
     assert "| tasks | resume | ok |" in table and "| cluster |  | skipped | not in the self-test |" in table
 
 

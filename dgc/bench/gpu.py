@@ -12,9 +12,14 @@ passes ``results/gpu``):
    ``kjv_lstm`` and ``synth_deepspeech`` use their real data when ``make data`` made it, else are
    recorded as skipped); then a world of one under torchrun (NCCL on CUDA) with the DDP comm hook,
    and a run stopped after 4 steps and resumed to 6 (``resume=true``) on the device.
-3. ``select_<model>.json``: :mod:`dgc.bench.select` on the gradient size of ResNet-50, AlexNet and
+3. ``collectives.json``: every collective on a real process group, which a world of one otherwise skips:
+   ``DGC_COLLECTIVES_AT_WORLD_1=1`` (:mod:`dgc.distributed`) makes a group of one (NCCL on CUDA, gloo in
+   the self-test) and keeps the collectives; each exchange (flat, sparse_allreduce, hierarchical), the
+   DDP hook and a dense compressor, each run to 4 steps with checkpoints, then resumed to 6. With two
+   GPUs or more, the same with 2 ranks under torchrun.
+4. ``select_<model>.json``: :mod:`dgc.bench.select` on the gradient size of ResNet-50, AlexNet and
    the PTB LSTM: DGC's compress step against exact ``torch.topk`` and one memory pass, interleaved.
-4. ``cluster_<n>.json``: with root and ``ip netns``, the emulated 1 Gbps cluster bench
+5. ``cluster_<n>.json``: with root and ``ip netns``, the emulated 1 Gbps cluster bench
    (:mod:`dgc.bench.cluster`) at 4 and 8 nodes, one core per rank or more.
 
 Then ``summary.json`` and ``summary.md`` (a table of every part). The exit status is 0 when no part
@@ -43,6 +48,7 @@ import torch
 
 from dgc import atomic
 from dgc.bench.common import BenchError, log, positive_int_arg, run_info
+from dgc.distributed import COLLECTIVES_AT_WORLD_1
 
 ROOT = Path(__file__).resolve().parents[2]
 #: gradient sizes timed by the select part: (name, numel); the PTB LSTM is Zaremba's large model
@@ -70,7 +76,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--out-dir", default="runs/gpu", help="where the JSON files and summary go (default runs/gpu)")
     p.add_argument("--budget-s", type=positive_int_arg, default=480, help="time for all parts (default 480)")
     p.add_argument("--self-test", action="store_true", help="run the check's logic on the CPU with tiny sizes")
-    p.add_argument("--parts", default="tests,tasks,select,cluster", help="comma-separated subset of the parts")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of the parts (default: all)")
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -193,6 +199,54 @@ def _last_step(run_dir: Path) -> int | None:
     return max(steps) if steps else None
 
 
+#: the collectives part's runs: (name, overrides)
+COLLECTIVE_RUNS = (
+    ("flat", ["compression=dgc", "sync.exchange=flat"]),
+    ("sparse_allreduce", ["compression=dgc", "sync.exchange=sparse_allreduce"]),
+    ("hierarchical", ["compression=dgc", "sync.exchange=hierarchical", "sync.ranks_per_node=1"]),
+    ("ddp_hook", ["compression=dgc", "sync.ddp_hook=true"]),
+    ("powersgd", ["compression=powersgd"]),
+)
+
+
+def part_collectives(ctx: Context) -> dict[str, Any]:
+    data_dir = Path(tempfile.mkdtemp(prefix="dgc-gpu-data-"))
+    runs = Path(tempfile.mkdtemp(prefix="dgc-gpu-runs-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update({"OMP_NUM_THREADS": "2", COLLECTIVES_AT_WORLD_1: "1"})
+    sys.path.insert(0, str(ROOT))
+    try:
+        from tests.datafiles import write_fmnist
+    except ImportError as exc:  # as in tiny_data
+        raise BenchError(f"the tiny data writers live in the checkout's tests/ ({exc}); run from a checkout") from None
+    finally:
+        sys.path.pop(0)
+    fm = str(write_fmnist(data_dir / "fmnist", n_train=32, n_test=16))
+    device = ["device=cpu"] if ctx.self_test else ["device=cuda", "train.bf16=true"]
+    base = ["task=fmnist_resnet20", f"data.root={fm}", "train.progress=false", *device, *TINY[1:],
+            "train.checkpoint_every=2"]  # fmt: skip
+    launchers = [("world_1", [sys.executable, "-m", "dgc.train"])]
+    if not ctx.self_test and torch.cuda.device_count() >= 2:
+        launchers.append(("2_ranks", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                      "--nproc_per_node=2", "-m", "dgc.train"]))  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    try:
+        for where, launch in launchers:
+            for name, extra in COLLECTIVE_RUNS:
+                run_dir = runs / f"{where}-{name}"
+                cmd = [*launch, *base, *extra, f"run_dir={run_dir}"]
+                a = _run([*cmd, "train.max_steps=4"], ctx.left(), ROOT, env)
+                b = _run([*cmd, "train.max_steps=6", "resume=true"], ctx.left(), ROOT, env)
+                steps = _last_step(run_dir)
+                rows.append({"name": f"{where} {name}", **b, "rc": a["rc"] or b["rc"], "first_rc": a["rc"],
+                             "last_step": steps, "ok": a["rc"] == 0 and b["rc"] == 0 and steps == 6})  # fmt: skip
+        backend = "gloo" if ctx.self_test else "nccl"
+        return {"backend": backend, "runs": rows, "ok": all(r["ok"] for r in rows)}
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        shutil.rmtree(runs, ignore_errors=True)
+
+
 def part_select(ctx: Context) -> dict[str, Any]:
     from dgc.bench.select import bench_select
 
@@ -238,6 +292,7 @@ def part_cluster(ctx: Context) -> dict[str, Any]:
 PARTS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "tests": part_tests,
     "tasks": part_tasks,
+    "collectives": part_collectives,
     "select": part_select,
     "cluster": part_cluster,
 }

@@ -16,7 +16,7 @@ def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.
     """Average the items' gradients with one allreduce of their concatenation in ``dtype``."""
     if not items:
         return
-    if comm.world_size == 1 and dtype == items[0].grad.dtype:
+    if not comm.collective and dtype == items[0].grad.dtype:
         # the average over one worker is its own gradient: count the bytes it would send, move none
         comm.traffic.add(sum(it.grad.numel() for it in items) * dtype.itemsize, 0)
         return

@@ -118,13 +118,13 @@ class Trainer:
         except (ValueError, TypeError) as exc:
             raise ConfigError(str(exc).splitlines()[0]) from None
         torch.manual_seed(seeding.mix(cfg.seed, info.rank))  # data order/augmentation differ per worker
-        if info.world_size > 1:
+        if info.collectives:
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
         if self.sync.exchange_reason and info.is_main:
             print(self.sync.exchange_reason, flush=True)
         self.net: torch.nn.Module = self.model
-        if cfg.sync.ddp_hook and info.world_size > 1:
+        if cfg.sync.ddp_hook and info.collectives:
             self.net = DistributedDataParallel(
                 self.model, device_ids=[info.device] if info.device.type == "cuda" else None
             )
@@ -414,7 +414,7 @@ class Trainer:
                 error = str(exc)
         else:
             error = None
-        if self.info.world_size > 1:
+        if self.info.collectives:
             box = [error]
             dist.broadcast_object_list(box, src=0)
             error = box[0]
@@ -445,7 +445,7 @@ class Trainer:
 
 
 def _gather(obj: Any, info: DistInfo) -> list[Any]:
-    if info.world_size == 1:
+    if not info.collectives:
         return [obj]
     out = [None] * info.world_size if info.is_main else None
     dist.gather_object(obj, out, dst=0)
