@@ -29,9 +29,10 @@ class HostTensorGuard(TorchFunctionMode):
     """``with HostTensorGuard() as guard:`` ... ``guard.found``: ``file:line torch.f`` of each factory call
     without ``device=`` made from the ``dgc`` package."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: str | None = None) -> None:
         super().__init__()
         self.found: list[str] = []
+        self.report = report  # a file each finding is appended to at once (workers leave with os._exit)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
@@ -42,4 +43,19 @@ class HostTensorGuard(TorchFunctionMode):
                 where = f"dgc{path[len(DGC) :]}:{frame.f_lineno} torch.{func.__name__}"
                 if where not in self.found:
                     self.found.append(where)
+                    if self.report:
+                        with open(self.report, "a") as f:
+                            f.write(where + "\n")
         return func(*args, **kwargs)
+
+
+#: a ``sitecustomize`` that puts every Python process started with it on ``PYTHONPATH`` under the guard,
+#: reporting to ``$DGC_TEST_GUARD_REPORT`` (the trainer's workers, under its launcher or torchrun)
+SITECUSTOMIZE = """
+import os, sys
+sys.path.insert(0, {root!r})
+from tests.devices import HostTensorGuard
+HostTensorGuard(report=os.environ["DGC_TEST_GUARD_REPORT"]).__enter__()
+with open(os.environ["DGC_TEST_GUARD_REPORT"] + ".pids", "a") as f:  # who ran under it
+    f.write(f"{{os.getpid()}}\\n")
+"""

@@ -1,6 +1,7 @@
 """Every tensor the library builds on its way to a collective is built on the gradients' device: proven on
 the CPU with :class:`tests.devices.HostTensorGuard` over whole steps of 2 real gloo ranks (every compressor,
-every exchange, the DDP hook, a non-finite step, a stop request, a state_dict round trip), and a static check
+every exchange, the DDP hook, a non-finite step, a stop request, a state_dict round trip; and the trainer with a
+stop, a checkpoint and a resume), and a static check
 of the library's source (``tools/check_devices.py``, also run by ``make lint``)."""
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dgc
 from dgc.comm import Comm
-from tests.devices import DGC, HostTensorGuard
+from dgc.repro.config import EXIT_INTERRUPTED
+from tests.datafiles import write_fmnist
+from tests.devices import DGC, SITECUSTOMIZE, HostTensorGuard
 from tests.multiproc import run
+from tests.runs import TINY, cli
 from tests.test_sync_dist import batch, make_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +95,30 @@ def test_the_guard_sees_only_calls_without_a_device() -> None:
     with HostTensorGuard() as guard:
         torch.zeros(3, device="cpu"), torch.tensor([1.0]).new_zeros(2), torch.empty_like(torch.ones(2, device="cpu"))
     assert guard.found == []  # made here, not in dgc/, and with devices
+
+
+def test_the_trainer_builds_its_tensors_on_the_gradients_device(tmp_path) -> None:
+    """2 workers of ``python -m dgc.train`` with the guard in every process: a non-finite step, a stop
+    (SIGTERM) with its checkpoint, a resume, evaluations, the checkpoint's gather of every rank's state and
+    the run directory's agreement; then the DDP hook."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(root=str(ROOT)))
+    report = tmp_path / "report.txt"
+    fmnist = write_fmnist(tmp_path / "fmnist", n_train=48, n_test=16)
+    env = {"PYTHONPATH": str(site), "DGC_TEST_GUARD_REPORT": str(report)}
+    common = [*TINY, f"data.root={fmnist}", "data.limit=48", "data.eval_limit=16", "compression=dgc",
+              "compression.density=0.05", "train.checkpoint_every=2"]  # fmt: skip
+    run_dir = f"run_dir={tmp_path / 'run'}"
+    first = cli([*common, run_dir, "train.max_steps=6"], tmp_path, nproc=2, env={**env, "DGC_FAULTS": "nan@2:1,term@3"})
+    assert first.returncode == EXIT_INTERRUPTED, first.stderr[-2000:]
+    second = cli([*common, run_dir, "train.max_steps=6", "resume=auto"], tmp_path, nproc=2, env=env)
+    assert second.returncode == 0 and "at step 4" in second.stdout, second.stderr[-2000:]  # stopped a step later
+    hook = [*common, f"run_dir={tmp_path / 'hook'}", "train.max_steps=3", "sync.ddp_hook=true"]
+    assert cli(hook, tmp_path, nproc=2, env=env).returncode == 0
+    assert len(Path(f"{report}.pids").read_text().split()) >= 9  # 3 launchers and their 6 workers
+    found = sorted(set(report.read_text().split("\n")) - {""}) if report.exists() else []
+    assert found == [], "tensors built without a device:\n" + "\n".join(found)
 
 
 def test_the_static_check_is_clean_and_catches_a_plant(tmp_path) -> None:
