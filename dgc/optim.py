@@ -21,6 +21,7 @@ Usage::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,7 +52,32 @@ class SGD(torch.optim.Optimizer):
         self.sync = sync
         self._group_key: tuple[int, int] | None = None
         self._skipped_step = -1
+        self._seen: object = None  # the sync's StepStats of the last step taken
+        self._loaded = False  # load_state_dict ran: a resumed run
         sync.bind_optimizer(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._loaded = True
+
+    def _check_sync(self) -> None:
+        """One line for the wirings that would otherwise train on silently, wrong."""
+        last = self.sync.last
+        has_grads = any(p.grad is not None for g in self.param_groups for p in g["params"])
+        if has_grads and (last is None or last is self._seen):
+            raise RuntimeError(
+                "dgc.SGD.step: the gradient sync did not run for this step: call sync.step() after backward(), "
+                "or register the hook on the DDP model: ddp.register_comm_hook(sync, dgc.ddp_comm_hook) "
+                "(Lightning registers ddp_comm_hook only on CUDA; Accelerate's comm_hook takes only its own hooks)"
+            )
+        if self._seen is None and self._loaded and not self.sync.restored and self.sync.compressor.state:
+            warnings.warn(
+                "dgc.SGD: the optimizer's state was loaded (a resumed run), but the gradient sync's was not: "
+                "its residuals and momenta start again from zero; save every rank's sync.state_dict() with the "
+                "checkpoint and load it with sync.load_state_dict()",
+                stacklevel=3,
+            )
+        self._seen = last if has_grads else self._seen
 
     def _group(self, param: torch.Tensor) -> dict[str, Any]:
         # param_groups is replaced by load_state_dict and grows with add_param_group: re-index then
@@ -75,6 +101,7 @@ class SGD(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_sync()
         last = self.sync.last
         if last is not None and last.skipped and last.step != self._skipped_step:
             # the exchange skipped this step (a worker's gradient was not finite): no update at all

@@ -269,6 +269,8 @@ class GradientSync:
         self.policy = policy or Policy()
         self.clip_norm = clip_norm
         self.comm = comm if comm is not None else Comm(group)
+        # a comm made here without a process group: checked at the first step (one built too early)
+        self._check_group = comm is None and not self.comm.distributed
         self.compressor.bind(self.comm)
         self.exchange = (
             exchange
@@ -289,6 +291,8 @@ class GradientSync:
         self.optimizer: Hyper | None = None
         self.steps = 0
         self.last: StepStats | None = None
+        #: whether load_state_dict restored this sync's state (dgc.SGD warns on a resume without it)
+        self.restored = False
         self._requested: set[str] = set()
         self._epoch_set = False
 
@@ -339,13 +343,22 @@ class GradientSync:
     def sync(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> StepStats:
         """Exchange ``(param, grad)`` pairs in place; grads must be contiguous."""
         pairs = sorted(pairs, key=lambda pg: self._order[self.name_of(pg[0])])
+        if self._check_group:
+            self._check_group = False
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                raise RuntimeError(
+                    "GradientSync was built before the process group existed (a world of one), but this job has "
+                    f"{dist.get_world_size()} workers: build it after init_process_group (Lightning: in setup() or "
+                    "configure_optimizers(); Accelerate: after Accelerator())"
+                )
         if self.steps == 0 and not self._epoch_set:
             schedule = getattr(self.compressor, "schedule", None)
             if schedule is not None and schedule.warmup_epochs > 0:
                 warnings.warn(
                     f"the compressor warms its density up over {schedule.warmup_epochs:g} epochs, but "
                     "GradientSync.set_epoch() was never called: the density stays at the first stage "
-                    f"({schedule(0.0):g}); call sync.set_epoch(epoch + i / steps_per_epoch) every step",
+                    f"({schedule(0.0):g}); call sync.set_epoch(epoch + i / steps_per_epoch) every step, before "
+                    "backward() (Lightning: in on_train_batch_start)",
                     stacklevel=2,
                 )
         phases = Phases(cuda_sync=self.timing and any(g.is_cuda for _, g in pairs))
@@ -457,18 +470,27 @@ class GradientSync:
             "steps": self.steps,
             "world_size": self.world_size,
             "rank": self.comm.rank,
+            "format": 1,
         }
         if self.dense_compressor is not None:
             out["dense_compressor"] = self.dense_compressor.state_dict()
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """This worker's own state (its residuals and momenta are not another worker's)."""
+        saved = (state.get("rank"), state.get("world_size"))
+        if saved[0] is not None and saved != (self.comm.rank, self.world_size):
+            raise ValueError(
+                f"GradientSync.load_state_dict: state saved by rank {saved[0]} of {saved[1]} loaded on rank "
+                f"{self.comm.rank} of {self.world_size}: save every rank's sync.state_dict() and load each its own"
+            )
         self.compressor.load_state_dict(state["compressor"])
         if self.dense_compressor is not None:
             if "dense_compressor" not in state:
                 raise ValueError("state has no 1-bit residuals: it was saved with another policy.dense_values")
             self.dense_compressor.load_state_dict(state["dense_compressor"])
         self.steps = int(state["steps"])
+        self.restored = True
 
     def __repr__(self) -> str:
         return (

@@ -104,7 +104,9 @@ def test_only_the_learning_rate_where_the_sync_keeps_the_momentum(nesterov):
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):
         before = [p.detach().clone() for p in owned]
-        # gradients set by hand (as if already exchanged): the optimizer alone is under test
+        # gradients set by hand (as if already exchanged): the optimizer alone is under test; the sync runs
+        # first only because dgc.SGD refuses a step it did not see
+        sync.step()
         for p, q in zip(model.parameters(), ref.parameters()):
             p.grad = torch.randn(p.shape, generator=gen)
             q.grad = p.grad.clone()
@@ -160,7 +162,7 @@ def test_closure_and_missing_grads():
     before = [p.detach().clone() for p in model.parameters()]
     assert opt.step() is None  # no grads at all: nothing moves
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
-    loss = opt.step(lambda: _backward(model, 0))
+    loss = opt.step(lambda: (_backward(model, 0), sync.step())[0])  # the sync runs inside the closure
     assert isinstance(loss, torch.Tensor) and loss.item() > 0
     assert not torch.equal(before[0], model[0].weight)
 
