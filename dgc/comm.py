@@ -34,7 +34,7 @@ NCCL's rules for the collectives used here (PyTorch's ``torch.distributed`` docu
   allgather of :meth:`Comm.allgather_bytes` and the uneven all-to-all are fine under NCCL.
 * The object collectives (``broadcast_object_list``, ``gather_object``, ``all_gather_object``) pickle
   through tensors on the current CUDA device: ``torch.cuda.set_device`` must have been called
-  (:func:`dgc.distributed.init` does); they sync with the host, so they stay off the per-step path.
+  (:func:`dgc.distributed.init_distributed` does); they sync with the host, so they stay off the per-step path.
 * ``new_group`` is collective: every rank calls it for every group, in the same order, even for groups
   it is not in (:mod:`dgc.topology`). A sub-group takes the default group's backend, so a machine's
   group is NCCL too; the shared-memory local bus (:mod:`dgc.localbus`) is for CPU tensors only.

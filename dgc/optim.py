@@ -77,7 +77,8 @@ class SGD(torch.optim.Optimizer):
                 "checkpoint and load it with sync.load_state_dict()",
                 stacklevel=3,
             )
-        self._seen = last if has_grads else self._seen
+        if has_grads:
+            self._seen = last
 
     def _group(self, param: torch.Tensor) -> dict[str, Any]:
         # param_groups is replaced by load_state_dict and grows with add_param_group: re-index then

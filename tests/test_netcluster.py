@@ -5,6 +5,7 @@ The tests that build namespaces need root and are skipped otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -170,17 +172,23 @@ def test_cluster_bench_small_run(tmp_path: Path) -> None:
 STAY = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', sys.argv[1]])"
 
 
-def start_staying_cluster(marker: str, log: Path) -> subprocess.Popen:
+@contextlib.contextmanager
+def staying_cluster(marker: str, log: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A 2-node cluster whose ranks each run a child; ``(launcher, tag)``; whatever is left is removed after."""
     with log.open("w") as err:  # not a pipe: the ranks' children keep theirs open after the launcher dies
         proc = subprocess.Popen(
             [sys.executable, str(SCRIPT), "--nodes", "2", "--", sys.executable, "-c", STAY, marker],
             stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
         )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not _ranks_running(marker, 4):  # two ranks and their two children
-        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
-        time.sleep(0.1)
-    return proc
+    try:
+        deadline = time.monotonic() + 30
+        while not _ranks_running(marker, 4):  # two ranks and their two children
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+        yield proc, f"dgcn{proc.pid}"
+    finally:
+        proc.kill()
+        netcluster("--cleanup-stale")
 
 
 def reaper_of(tag: str) -> int:
@@ -201,25 +209,18 @@ def gone(tag: str, marker: str, within: float) -> bool:
 @needs_root
 def test_sigkill_of_the_launcher_leaves_no_namespace_and_no_rank(tmp_path: Path) -> None:
     marker = f"netcluster-kill-{os.getpid()}"
-    proc = start_staying_cluster(marker, tmp_path / "err")
-    tag = f"dgcn{proc.pid}"
-    try:
+    with staying_cluster(marker, tmp_path / "err") as (proc, tag):
         assert any(ns.startswith(tag + "-") for ns in namespaces())
         proc.kill()  # no handler runs: the ranks die with it, the reaper removes the rest at once
         proc.wait(timeout=30)
         assert gone(tag, marker, within=20), (namespaces(), (tmp_path / "err").read_text())
         assert not os.path.exists(f"/run/netcluster/{tag}.lock")
-    finally:
-        proc.kill()
-        netcluster("--cleanup-stale")
 
 
 @needs_root
 def test_the_next_start_removes_a_cluster_whose_launcher_and_reaper_were_killed(tmp_path: Path) -> None:
     marker = f"netcluster-kill2-{os.getpid()}"
-    proc = start_staying_cluster(marker, tmp_path / "err")
-    tag = f"dgcn{proc.pid}"
-    try:
+    with staying_cluster(marker, tmp_path / "err") as (proc, tag):
         os.kill(reaper_of(tag), signal.SIGKILL)
         proc.kill()
         proc.wait(timeout=30)
@@ -230,6 +231,3 @@ def test_the_next_start_removes_a_cluster_whose_launcher_and_reaper_were_killed(
         assert out.returncode == 0, out.stderr
         assert "removed 3 stale namespace(s) of killed launchers" in out.stderr
         assert gone(tag, marker, within=5) and not os.path.exists(f"/run/netcluster/{tag}.lock")
-    finally:
-        proc.kill()
-        netcluster("--cleanup-stale")

@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -82,30 +83,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 # -- tiny data ------------------------------------------------------------------------------------
-def tiny_data(root: Path) -> dict[str, str]:
-    """Write tiny data sets for the tasks that read public formats; returns ``{task: data.root}``."""
+def _writers() -> SimpleNamespace:
+    """The tiny data writers of the checkout's tests/ (an installed package has none)."""
     sys.path.insert(0, str(ROOT))
     try:
         from tests.datafiles import write_cifar10, write_fmnist, write_imagefolder
         from tests.test_tasks_language import write_ptb
         from tests.test_tasks_speech import write_an4, write_librispeech
-    except ImportError as exc:  # an installed package without its tests/
+    except ImportError as exc:
         raise BenchError(f"the tiny data writers live in the checkout's tests/ ({exc}); run from a checkout") from None
     finally:
         sys.path.pop(0)
-    cifar = str(write_cifar10(root / "cifar10", per_batch=8, n_test=8))
-    imagenet = str(write_imagefolder(root / "imagenet", classes=2, per_class_train=4, per_class_val=2, size=64))
+    return SimpleNamespace(cifar10=write_cifar10, fmnist=write_fmnist, imagefolder=write_imagefolder, ptb=write_ptb,
+                           an4=write_an4, librispeech=write_librispeech)  # fmt: skip
+
+
+def tiny_data(root: Path) -> dict[str, str]:
+    """Write tiny data sets for the tasks that read public formats; returns ``{task: data.root}``."""
+    w = _writers()
+    cifar = str(w.cifar10(root / "cifar10", per_batch=8, n_test=8))
+    imagenet = str(w.imagefolder(root / "imagenet", classes=2, per_class_train=4, per_class_val=2, size=64))
     libri = root / "librispeech"
-    write_librispeech(libri, {"train-clean-100": 4, "train-clean-360": 2, "train-other-500": 2,
-                              "test-clean": 2, "test-other": 2})  # fmt: skip
+    w.librispeech(libri, {"train-clean-100": 4, "train-clean-360": 2, "train-other-500": 2,
+                          "test-clean": 2, "test-other": 2})  # fmt: skip
     return {
-        "fmnist_resnet20": str(write_fmnist(root / "fmnist", n_train=32, n_test=16)),
+        "fmnist_resnet20": str(w.fmnist(root / "fmnist", n_train=32, n_test=16)),
         "cifar10_resnet20": cifar,
         "cifar10_resnet110": cifar,
         "imagenet_resnet50": imagenet,
         "imagenet_alexnet": imagenet,
-        "ptb_lstm": str(write_ptb(root / "ptb")),
-        "an4_deepspeech": str(write_an4(root / "an4")),
+        "ptb_lstm": str(w.ptb(root / "ptb")),
+        "an4_deepspeech": str(w.an4(root / "an4")),
         "librispeech_deepspeech": str(libri),
     }
 
@@ -168,13 +176,7 @@ def part_tasks(ctx: Context) -> dict[str, Any]:
         hook = [*run, "compression=dgc", "train.progress=false", "sync.ddp_hook=true", *device, *fm,
                 "train.max_steps=2", f"run_dir={runs / 'hook'}"]  # fmt: skip
         rows.append({"name": "ddp_hook_world_1", **_run(hook, ctx.left(), ROOT, env)})
-        first = [*train, *fm, "train.max_steps=4", "train.checkpoint_every=2", f"run_dir={runs / 'resume'}"]
-        a = _run(first, ctx.left(), ROOT, env)
-        b = _run([*first[:-2], "train.max_steps=6", "train.checkpoint_every=2", f"run_dir={runs / 'resume'}",
-                  "resume=true"], ctx.left(), ROOT, env)  # fmt: skip
-        steps = _last_step(runs / "resume")
-        rows.append({"name": "resume", **b, "rc": a["rc"] or b["rc"], "first_rc": a["rc"], "last_step": steps,
-                     "ok_steps": steps == 6})  # fmt: skip
+        rows.append({"name": "resume", **_run_resumed([*train, *fm], runs / "resume", ctx, env)})
         for row in rows:
             if "rc" in row:
                 row["ok"] = row["rc"] == 0 and row.get("ok_steps", True)
@@ -183,6 +185,16 @@ def part_tasks(ctx: Context) -> dict[str, Any]:
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
         shutil.rmtree(runs, ignore_errors=True)
+
+
+def _run_resumed(cmd: list[str], run_dir: Path, ctx: Context, env: dict[str, str]) -> dict[str, Any]:
+    """``cmd`` to 4 steps with a checkpoint every 2, then resumed to 6: the second run's row, ``ok_steps``
+    when the log ends at step 6."""
+    cmd = [*cmd, "train.checkpoint_every=2", f"run_dir={run_dir}"]
+    a = _run([*cmd, "train.max_steps=4"], ctx.left(), ROOT, env)
+    b = _run([*cmd, "train.max_steps=6", "resume=true"], ctx.left(), ROOT, env)
+    steps = _last_step(run_dir)
+    return {**b, "rc": a["rc"] or b["rc"], "first_rc": a["rc"], "last_step": steps, "ok_steps": steps == 6}
 
 
 def _last_step(run_dir: Path) -> int | None:
@@ -214,17 +226,9 @@ def part_collectives(ctx: Context) -> dict[str, Any]:
     runs = Path(tempfile.mkdtemp(prefix="dgc-gpu-runs-"))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update({"OMP_NUM_THREADS": "2", COLLECTIVES_AT_WORLD_1: "1"})
-    sys.path.insert(0, str(ROOT))
-    try:
-        from tests.datafiles import write_fmnist
-    except ImportError as exc:  # as in tiny_data
-        raise BenchError(f"the tiny data writers live in the checkout's tests/ ({exc}); run from a checkout") from None
-    finally:
-        sys.path.pop(0)
-    fm = str(write_fmnist(data_dir / "fmnist", n_train=32, n_test=16))
+    fm = str(_writers().fmnist(data_dir / "fmnist", n_train=32, n_test=16))
     device = ["device=cpu"] if ctx.self_test else ["device=cuda", "train.bf16=true"]
-    base = ["task=fmnist_resnet20", f"data.root={fm}", "train.progress=false", *device, *TINY[1:],
-            "train.checkpoint_every=2"]  # fmt: skip
+    base = ["task=fmnist_resnet20", f"data.root={fm}", "train.progress=false", *device, *TINY[1:]]
     launchers = [("world_1", [sys.executable, "-m", "dgc.train"])]
     if not ctx.self_test and torch.cuda.device_count() >= 2:
         launchers.append(("2_ranks", [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -233,13 +237,8 @@ def part_collectives(ctx: Context) -> dict[str, Any]:
     try:
         for where, launch in launchers:
             for name, extra in COLLECTIVE_RUNS:
-                run_dir = runs / f"{where}-{name}"
-                cmd = [*launch, *base, *extra, f"run_dir={run_dir}"]
-                a = _run([*cmd, "train.max_steps=4"], ctx.left(), ROOT, env)
-                b = _run([*cmd, "train.max_steps=6", "resume=true"], ctx.left(), ROOT, env)
-                steps = _last_step(run_dir)
-                rows.append({"name": f"{where} {name}", **b, "rc": a["rc"] or b["rc"], "first_rc": a["rc"],
-                             "last_step": steps, "ok": a["rc"] == 0 and b["rc"] == 0 and steps == 6})  # fmt: skip
+                row = _run_resumed([*launch, *base, *extra], runs / f"{where}-{name}", ctx, env)
+                rows.append({"name": f"{where} {name}", **row, "ok": row["rc"] == 0 and row["ok_steps"]})
         backend = "gloo" if ctx.self_test else "nccl"
         return {"backend": backend, "runs": rows, "ok": all(r["ok"] for r in rows)}
     finally:
