@@ -102,7 +102,7 @@ TABLE_DIRS := --runs-root results/runs --out results
 SWEEP := $(PY) -m dgc.repro.sweep --launcher $(LAUNCHER) $(TABLE_DIRS) $(DATA_ROOTS) $(SWEEP_ARGS)
 CPU_SWEEP := $(PY) -m dgc.repro.sweep --launcher local $(TABLE_DIRS) $(SWEEP_ARGS)
 
-.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-compact cpu-exchange
+.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-speech-long cpu-compact cpu-exchange
 
 table2-cifar: install ## Table 2 (GPU cluster): ResNet-110 CIFAR-10 on 4/8/16/32 GPUs, baseline / Gradient Dropping / DGC
 	$(SWEEP) $@
@@ -128,7 +128,10 @@ cpu-ablation: install ## CPU ablation: fmnist_resnet20 DGC with momentum correct
 cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 2 workers, 12 epochs, none / dgc, 2 seeds (~90 min)
 	$(CPU_SWEEP) $@
 
-cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 2 workers, 44 epochs, none, DGC accumulating gradients or updates, and a density-0.01 diagnostic, seeds 0-1; dense and the chosen DGC seed 2 too (10 runs, ~8-12 h)
+cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 2 workers, 44 epochs, none, DGC accumulating gradients or updates, and a density-0.01 diagnostic, seeds 0-1; dense and the chosen DGC seeds 2-4 too (14 runs, ~12-16 h)
+	$(CPU_SWEEP) $@
+
+cpu-speech-long: data ## the speech analog at 2.5x the epochs (110, same total decay), dense and the chosen DGC, seeds 0-1 (4 runs, ~2.5 h each; resumable: tools/background-sweep.sh)
 	$(CPU_SWEEP) $@
 
 cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as in make demo, 4 seeds x 3 formats (~70 min)

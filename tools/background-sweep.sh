@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Long reproductions in the background, resumable across working sessions.
+#
+#   tools/background-sweep.sh start [TABLE[:ROW,ROW...] ...]   # default queue: $QUEUE below
+#   tools/background-sweep.sh status                           # what runs, the log's tail
+#   tools/background-sweep.sh stop                             # checkpoint, stop, remove the worktree
+#
+# The sweep runs from a git worktree pinned to one commit (runs/bg/commit, kept until the queue is done), so
+# editing this checkout does not change the code of a run half done, and a run resumed in a later session runs the
+# commit it started with. It runs `python -m dgc.repro.sweep --skip-done` table after table, `nice -n 19` (it takes
+# only idle CPU: a test suite beside it runs at almost full speed; pause it for timing with `kill -STOP`), writing
+# into this checkout's results/runs/ and results/. `stop` sends SIGTERM: each rank stops at a step boundary after a
+# checkpoint (the trainer's own preemption path), and the next `start` continues from it (the checkpoints are
+# ignored by git and stay in results/runs/<table>/<row>/). Nothing is left running or mounted after `stop`; the
+# worktree (its .venv of hard links into uv's cache) is removed and made again, in ~20 s, by the next `start`.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BG=$ROOT/runs/bg
+TREE=$BG/tree
+QUEUE=${QUEUE:-"cpu-fmnist:topk-s1 cpu-speech cpu-speech-long"}
+cd "$ROOT"
+
+running() { [[ -f $BG/pid ]] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; }
+
+start() {
+    if running; then echo "background sweep already running (pid $(cat "$BG/pid")); see: $0 status"; exit 1; fi
+    mkdir -p "$BG"
+    [[ -f $BG/commit ]] || git rev-parse HEAD > "$BG/commit"
+    local commit; commit=$(cat "$BG/commit")
+    if [[ ! -d $TREE ]]; then
+        git worktree prune
+        git worktree add --detach "$TREE" "$commit" > /dev/null
+    fi
+    echo "background sweep at ${commit:0:12}: installing its .venv (uv cache)"
+    make -C "$TREE" install > "$BG/install.log" 2>&1 || { echo "install failed: $BG/install.log"; exit 1; }
+    local queue=("$@"); [[ ${#queue[@]} -gt 0 ]] || read -ra queue <<< "$QUEUE"
+    printf '%s\n' "${queue[@]}" > "$BG/queue"
+    # one session of its own (setsid): `stop` signals the whole group, torchrun and its ranks included
+    DGC_DATA=${DGC_DATA:-$ROOT/data} setsid nice -n 19 bash -c '
+        cd "$1"; shift; bg=$1; root=$2; shift 2
+        for item in "$@"; do
+            table=${item%%:*}; only=(); [[ $item == *:* ]] && only=(--only "${item#*:}")
+            echo "[bg] $(date -Is) $table ${only[*]}"
+            .venv/bin/python -m dgc.repro.sweep "$table" --launcher local --skip-done "${only[@]}" \
+                --runs-root "$root/results/runs" --out "$root/results" || { echo "[bg] $(date -Is) stopped: rc $?"; exit 1; }
+        done
+        echo "[bg] $(date -Is) queue done"; rm -f "$bg/commit"' _ "$TREE" "$BG" "$ROOT" "${queue[@]}" \
+        >> "$BG/log" 2>&1 < /dev/null &
+    echo $! > "$BG/pid"
+    echo "started (pid $!), queue: ${queue[*]}; log: $BG/log"
+}
+
+stop() {
+    if running; then
+        local pid; pid=$(cat "$BG/pid")
+        kill -TERM -- "-$pid" 2>/dev/null || true
+        for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+        if kill -0 "$pid" 2>/dev/null; then echo "still running after 10 min: killing"; kill -KILL -- "-$pid" || true; fi
+        echo "stopped; a run in progress continues from its checkpoint at the next start"
+    fi
+    rm -f "$BG/pid"
+    if [[ -d $TREE ]]; then git worktree remove --force "$TREE"; fi
+    git worktree prune
+}
+
+status() {
+    if running; then echo "running (pid $(cat "$BG/pid")) at $(cut -c1-12 "$BG/commit" 2>/dev/null)"; else echo "not running"; fi
+    [[ -f $BG/log ]] && tail -n 5 "$BG/log"
+    return 0
+}
+
+case ${1:-} in
+    start) shift; start "$@" ;;
+    stop) stop ;;
+    status) status ;;
+    *) echo "usage: $0 start [TABLE[:ROWS] ...] | status | stop" >&2; exit 2 ;;
+esac
