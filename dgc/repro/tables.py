@@ -286,7 +286,8 @@ def _cpu_speech_rows() -> tuple[Row, ...]:
 def _speech_long(overrides: tuple[str, ...]) -> tuple[str, ...]:
     milestones = ",".join(str(e) for e in range(1, SPEECH_LONG_EPOCHS))
     gamma = (1 / 1.1) ** (SPEECH_DECAYS / (SPEECH_LONG_EPOCHS - 1))
-    return (*overrides, f"train.epochs={SPEECH_LONG_EPOCHS}", f"optim.milestones=[{milestones}]", f"optim.gamma={gamma!r}")
+    schedule = (f"train.epochs={SPEECH_LONG_EPOCHS}", f"optim.milestones=[{milestones}]", f"optim.gamma={gamma!r}")
+    return (*overrides, *schedule)
 
 
 def _cpu_speech_long_rows() -> tuple[Row, ...]:
