@@ -92,7 +92,7 @@ def test_wire_all_compressors_small_model(tmp_path: Path) -> None:
         (["select", "--device", "tpu"], "'cpu', 'cuda'"),
         (["wire", "--model", "nosuchmodel"], "resnet50"),
         (["wire", "--compressors", "dgc,zip"], "powersgd"),
-        (["frobnicate"], "'select', 'wire', 'cluster'"),
+        (["frobnicate"], "'select', 'wire', 'ops', 'cluster'"),
     ],
 )
 def test_bad_arguments(tmp_path: Path, args: list[str], expect: str) -> None:

@@ -1,9 +1,11 @@
-"""Benchmarks: ``python -m dgc.bench {select,wire,cluster,gpu}``.
+"""Benchmarks: ``python -m dgc.bench {select,wire,ops,cluster,gpu}``.
 
 * ``select``: DGC's compression step on one large tensor against exact top-k and
   one plain memory pass, interleaved in one run (:mod:`dgc.bench.select`);
 * ``wire``: bytes per step of every compressor on a torchvision model's
   gradient shapes, in a single process (:mod:`dgc.bench.wire`);
+* ``ops``: ATen operations and host synchronizations of one gradient exchange, counted on the CPU: what
+  a GPU pays per step in launches and stalls (:mod:`dgc.bench.ops`);
 * ``cluster``: exchange time of every method (or real training steps, ``--e2e``) on an
   emulated cluster of network namespaces with shaped links; needs root (:mod:`dgc.bench.cluster`);
 * ``gpu``: the whole GPU check in one command, ``make gpu-check`` (:mod:`dgc.bench.gpu`; JSON files
@@ -21,10 +23,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dgc.bench import cluster, gpu, select, wire
+from dgc.bench import cluster, gpu, ops, select, wire
 from dgc.bench.common import BenchError, OneLineParser
 
-COMMANDS = {"select": select, "wire": wire, "cluster": cluster, "gpu": gpu}
+COMMANDS = {"select": select, "wire": wire, "ops": ops, "cluster": cluster, "gpu": gpu}
 
 
 def build_parser() -> OneLineParser:

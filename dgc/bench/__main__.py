@@ -1,4 +1,4 @@
-"""``python -m dgc.bench {select,wire,cluster,gpu} [options]``; see :mod:`dgc.bench`."""
+"""``python -m dgc.bench {select,wire,ops,cluster,gpu} [options]``; see :mod:`dgc.bench`."""
 
 import sys
 

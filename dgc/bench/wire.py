@@ -124,13 +124,20 @@ def fill_grads(params: list[torch.nn.Parameter], gen: torch.Generator) -> None:
         p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype)
 
 
-def measure(model: torch.nn.Module, name: str, density: float, seed: int = 0, steps: int = 3) -> dict[str, Any]:
-    """Run ``steps`` exchanges of configuration ``name``; the last step's numbers."""
+def single_process_sync(model: torch.nn.Module, name: str, density: float):  # noqa: ANN201
+    """Configuration ``name``'s compressor, its :class:`dgc.GradientSync` on ``model`` (world size 1, a
+    :class:`dgc.SGD` bound to it for DGC's momentum) and the parameters it exchanges."""
     spec = configuration(name, density)
     comp = dgc.build_compressor(spec.compression)
     sync = spec.sync.build(model, comp)
     dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)  # gives dgc its momentum
-    params = [p for _, p in sync.params]
+    return comp, sync, [p for _, p in sync.params]
+
+
+def measure(model: torch.nn.Module, name: str, density: float, seed: int = 0, steps: int = 3) -> dict[str, Any]:
+    """Run ``steps`` exchanges of configuration ``name``; the last step's numbers."""
+    spec = configuration(name, density)
+    comp, sync, params = single_process_sync(model, name, density)
     gen = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
     for _ in range(steps):

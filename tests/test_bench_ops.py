@@ -1,0 +1,43 @@
+"""dgc.bench.ops: the dispatch counter sees what a GPU would launch and wait for."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from dgc.bench import main
+from dgc.bench.ops import Counter, bench_ops, host_reads
+
+
+def test_the_counter_tells_launches_from_host_synchronizations():
+    x = torch.arange(10.0)
+    with host_reads() as reads, Counter() as counter:
+        y = x * 2 + 1  # two launches, no wait
+        n = int((y > 5).sum())  # a comparison, a sum, and the host reads the result
+        positions = torch.nonzero(y > 5)  # its size depends on the data
+        picked = y[y > 5]  # boolean indexing: the same
+        y[:3].tolist()  # a CPU tensor answers without a dispatch: counted apart
+        torch.repeat_interleave(x[:3].long(), torch.tensor([1, 2, 3]), output_size=6)  # sized: no wait
+    assert n == 7 and positions.numel() == 7 and picked.numel() == 7
+    assert counter.syncs == {"_local_scalar_dense": 1, "nonzero": 1, "index": 1}
+    assert reads == {"tolist": 1}
+    assert counter.by_op["mul"] == 1 and counter.by_op["add"] == 1 and counter.by_op["repeat_interleave"] == 1
+    assert counter.views >= 1  # y[:3] is a view
+
+
+def test_the_bench_counts_one_step_per_model_and_method(tmp_path):
+    result = bench_ops(("resnet18",), ("dgc", "none"), density=0.01)
+    dgc, dense = result["models"]["resnet18"]["dgc"], result["models"]["resnet18"]["none"]
+    assert dgc["tensors"] == dense["tensors"] == 62 and not result["kernels"]
+    # sparsification per tensor reads counts on the host; the dense allreduce does not need to
+    assert dgc["ops"] > dense["ops"] and dgc["host_syncs"] > dense["host_syncs"]
+    assert sum(dgc["syncs_by_op"].values()) + sum(dgc["host_reads"].values()) == dgc["host_syncs"]
+    out = tmp_path / "ops.json"
+    assert main(["ops", "--models", "resnet18", "--methods", "none", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["models"]["resnet18"]["none"]["ops"] == dense["ops"]
+
+
+def test_an_unknown_method_is_one_line(capsys):
+    assert main(["ops", "--models", "resnet18", "--methods", "dgcc"]) == 2
+    assert "unknown method dgcc; valid:" in capsys.readouterr().err
