@@ -51,9 +51,10 @@ format: ## apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix dgc tests tasks launch conf tools
 	$(VENV)/bin/ruff format dgc tests tasks launch conf tools
 
-bench: install ## selection and wire-size benchmarks, JSON under results/bench/
+bench: install ## selection, wire-size and GPU launch-count benchmarks, JSON under results/bench/
 	$(PY) -m dgc.bench select --out results/bench/select.json
 	$(PY) -m dgc.bench wire --model resnet50 --out results/bench/wire.json
+	$(PY) -m dgc.bench ops --methods none,fp16,topk,dgc,terngrad,qsgd,powersgd --out results/bench/ops.json
 
 CLUSTER := $(PY) -m dgc.bench cluster
 RN50 := --model resnet50 --steps 7
@@ -139,3 +140,8 @@ cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as i
 
 cpu-exchange: install ## the exchanges (flat, hierarchical 2x2, sparse allreduce) on make demo's setup, 2 seeds (~45 min)
 	$(CPU_SWEEP) $@
+
+.PHONY: report
+report: install ## a table's report from its runs under results/runs/, rows not run yet marked: make report TABLE=cpu-fmnist (results/<table>.{md,csv} and plots)
+	@[ -n "$(TABLE)" ] || { echo "report: name the table: make report TABLE=<name> (python -m dgc.repro.report --list shows them)"; exit 2; }
+	$(PY) -m dgc.repro.report --table $(TABLE) $(TABLE_DIRS)

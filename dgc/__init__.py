@@ -5,10 +5,21 @@ The reproduction framework (trainer, run directories, sweeps, tables) is :mod:`d
 ``python -m dgc.train``; the library never imports Hydra.
 """
 
-from dgc.compressors import COMPRESSORS, CompressorConfig, build_compressor
-from dgc.hook import HookState, ddp_comm_hook
-from dgc.optim import SGD
-from dgc.sync import GradientSync, Policy, StepStats, SyncConfig
+import sys
+
+try:
+    from dgc.compressors import COMPRESSORS, CompressorConfig, build_compressor
+    from dgc.hook import HookState, ddp_comm_hook
+    from dgc.optim import SGD
+    from dgc.sync import GradientSync, Policy, StepStats, SyncConfig
+except ModuleNotFoundError as _missing:
+    # ``python -m dgc.<command>`` (sys.argv[0] is "-m" while the package loads) with a Python that lacks the
+    # project's environment: one line saying which, not a traceback; an ``import dgc`` gets the ImportError
+    if sys.argv[:1] != ["-m"] or not _missing.name or _missing.name.startswith("dgc"):
+        raise
+    print(f"error: {_missing.name} is not installed for {sys.executable}: run `make install`, then use "
+          ".venv/bin/python (or `source .venv/bin/activate`)", file=sys.stderr)  # fmt: skip
+    raise SystemExit(2) from None
 
 __version__ = "0.1.0"
 

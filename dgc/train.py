@@ -20,8 +20,8 @@ Common overrides: ``run_dir=PATH seed=N train.max_steps=N data.limit=N resume=au
 ``python -m dgc.train --cfg job`` prints the composed configuration.
 
 Exit status: 0 done; 2 a problem you can fix (the one line printed says which); 3 the run diverged
-(non-finite gradients); 4 a collective timed out (a rank stalled or died); 75 stopped on SIGTERM or
-SIGUSR1 after a checkpoint (run the same command with ``resume=auto`` to continue); 1 anything else.
+(non-finite gradients); 4 a collective timed out (a rank stalled or died); 75 stopped on SIGTERM,
+SIGUSR1 or SIGINT (Ctrl-C) after a checkpoint (run the same command with ``resume=auto`` to continue); 1 anything else.
 Set ``DGC_DEBUG=1`` for tracebacks.
 """
 
@@ -66,7 +66,8 @@ def _rank() -> int:
 
 
 def _fail(message: str, status: int = EXIT_USER, prefix: str = "error") -> NoReturn:
-    """One line on stderr (from rank 0 only, so a job prints it once) and exit ``status``."""
+    """One line on stderr (from rank 0 only, so a job prints it once; a rank 0 that dies without a word is
+    named by the launcher) and exit ``status``."""
     if _rank() == 0:
         print(f"{prefix}: {message}", file=sys.stderr, flush=True)
     if os.environ.get("DGC_DEBUG") and sys.exc_info()[0] is not None:
@@ -110,6 +111,27 @@ def _refuse_added_keys(user: list[str]) -> None:
                 parent = key.rsplit(".", 1)[0] if "." in key else ""
                 valid = _valid_keys(key) if parent else ", ".join(f.name for f in fields(Config))
                 _fail(f"{override}: the configuration has no key {key!r} to add (valid keys: {valid})")
+
+
+def check_syntax(overrides: list[str]) -> None:
+    """Every override parses in Hydra's grammar (a sweep's too): else one line naming the one that does not."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        if override.startswith("-") or "=" not in override:  # Hydra's flags and their values (--cfg job)
+            continue
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as exc:
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            detail = next((line for line in lines[1:] if not line.startswith(("See ", "^"))), "")
+            detail = detail.split(" expecting ")[0] if "LexerNoViableAlt" not in detail else ""
+            key, _, value = override.partition("=")
+            quoted = value.replace("'", "\\'")
+            _fail(f"cannot read the override {override!r}" + (f" ({detail})" if detail else "") + "; Hydra reads "
+                  f"such a value in quotes, inside the shell's: \"{key}='{quoted}'\"")  # fmt: skip
 
 
 def precheck(overrides: list[str]) -> Config:
@@ -201,16 +223,58 @@ def _main(cfg: DictConfig) -> dict | None:
     return summary
 
 
+#: set by :func:`launch` for its workers: the launcher's PID (a worker dies with it)
+LAUNCHER_PID = "DGC_LAUNCHER_PID"
+#: the signals the launcher passes on to its workers (each stops them at a step boundary after a checkpoint)
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> None:
+    """In a worker of :func:`launch`: receive SIGTERM when the launcher dies, whatever kills it (``kill -9``
+    included), so that the worker checkpoints and exits instead of training on unsupervised, holding the run's
+    lock. A launcher already gone by now: exit at once."""
+    launcher = os.environ.get(LAUNCHER_PID, "")
+    if not launcher.isdigit() or int(launcher) == os.getpid() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        return  # not fatal: the launcher's own signal handling still stops the workers
+    if os.getppid() != int(launcher):  # it died before the prctl
+        _fail("the launcher (python -m dgc.train --nproc) exited before this worker started", EXIT_INTERRUPTED)
+
+
+def _signal_name(code: int) -> str:
+    import signal
+
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"
+
+
 def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
     """Run ``nproc`` workers on this machine with PyTorch's elastic agent (torchrun's, standalone
-    rendezvous on a free port) and exit with their status: one line on errors, no launcher trace."""
+    rendezvous on a free port) and exit with their status: one line on errors, no launcher trace.
+
+    The workers die with the launcher (``kill -9`` of it included: :func:`_die_with_launcher`); the signals
+    in :data:`FORWARDED` are passed on to them: SIGTERM, SIGINT and SIGUSR1 stop the run at a step boundary
+    after a checkpoint (exit 75), SIGHUP and SIGQUIT end it. A worker that fails or is killed is named on the
+    launcher's output with its rank and why."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ[LAUNCHER_PID] = str(os.getpid())
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--standalone", "--monitor-interval=1"]
+    # the agent forwards these to every worker (its default list lacks SIGUSR1, Slurm's warning before the time
+    # limit, which would otherwise kill the launcher alone)
+    args.append(f"--signals-to-handle={','.join(FORWARDED)}")
     # the agent's files (the workers' error reports) in a folder removed on exit: left to itself it makes
     # /tmp/torchelastic_* and never removes it
     logs = tempfile.TemporaryDirectory(prefix="dgc-launch-")
@@ -221,12 +285,21 @@ def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
         # a step boundary after a checkpoint and said so
         sys.exit(EXIT_INTERRUPTED)
     except ChildFailedError as exc:
-        codes = [f.exitcode for f in exc.failures.values()]
-        # the workers printed their line; a worker killed by a signal has a negative code
-        status = next((c for c in codes if c > 0), EXIT_ERROR)
-        if all(c < 0 for c in codes):
-            print(f"error: worker killed by signal {-codes[0]}", file=sys.stderr, flush=True)
-        sys.exit(status)
+        failures = sorted(exc.failures.values(), key=lambda f: f.local_rank)
+        # a worker that ended with one of the statuses README names (2, 3, 4, 75) said why in its line, and the
+        # agent then stopped the others: that status is the job's
+        said = [
+            f.exitcode for f in failures if f.exitcode in (EXIT_USER, EXIT_DIVERGED, EXIT_STALLED, EXIT_INTERRUPTED)
+        ]
+        if said:
+            sys.exit(said[0])
+        # else a worker killed by a signal (a negative code) could not say anything: name it
+        for f in failures:
+            if f.exitcode < 0:
+                print(f"error: rank {f.local_rank} (pid {f.pid}) was killed by {_signal_name(f.exitcode)}; run the "
+                      "same command with resume=auto to continue from the last checkpoint", file=sys.stderr,
+                      flush=True)  # fmt: skip
+        sys.exit(EXIT_ERROR)
     finally:
         logs.cleanup()
     sys.exit(0)
@@ -260,8 +333,10 @@ def _check_launcher_plugin(args: list[str]) -> None:
 
 
 def main() -> None:
+    _die_with_launcher()
     nproc, restarts, args = _launcher_options(sys.argv[1:])
     _check_launcher_plugin(args)
+    check_syntax(args)
     multirun = any(a in ("-m", "--multirun") for a in args)
     if multirun and (int(os.environ.get("WORLD_SIZE", "1")) > 1 or nproc):
         _fail("a Hydra multirun (-m) inside torchrun would run the whole sweep on every rank; sweep outside torchrun")

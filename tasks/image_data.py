@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +26,20 @@ FMNIST_FILES = {
     False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 FMNIST_HINT = (
-    "apt-get install dataset-fashion-mnist (or `make install` as root) puts it in /usr/share/datasets/fashion-mnist"
+    "apt-get install dataset-fashion-mnist (or `make install` as root) puts it in /usr/share/datasets/fashion-mnist; "
+    "or put the four IDX files in $DGC_DATA/fashion-mnist, or pass data.root=DIR"
 )
 
 
 def read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (optionally gzipped): big-endian header, unsigned bytes."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt .gz (gzip.BadGzipFile is an OSError)
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{path} is damaged ({detail}): replace it; {FMNIST_HINT}") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise DataError(f"{path} is not an unsigned-byte IDX file")
     ndim = data[3]

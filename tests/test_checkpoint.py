@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import asdict
 
 import pytest
@@ -41,6 +43,61 @@ def test_a_failed_save_keeps_the_checkpoints_there_were(tmp_path):
 class Payload:
     def __reduce__(self):
         return (os.getpid, ())
+
+
+#: a process that saves checkpoints of steps 1 and 2, then step 3 and SIGKILLs itself at ``where``
+KILLED_SAVE = """
+import os, signal, sys, torch
+from pathlib import Path
+from dgc import atomic
+from dgc.repro import checkpoint
+run_dir, where = Path(sys.argv[1]), sys.argv[2]
+def state(step):
+    return {"model": {"w": torch.full((1000,), float(step))}, "optimizer": {}, "counters": {"step": step},
+            "last_eval": ({}, -1), "world_size": 1, "ranks": [{}], "config": {"seed": 0}}
+checkpoint.save(run_dir, state(1))
+checkpoint.save(run_dir, state(2))
+die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+if where == "writing":  # half the file written
+    real = torch.save
+    def half(obj, f):
+        real(obj, f); f.flush(); f.truncate(f.tell() // 2); f.flush(); die()
+    torch.save = half
+else:  # between the two renames
+    real_write_with = atomic.write_with
+    def cut(path, write, before_replace=None):
+        return real_write_with(path, write, before_replace=lambda: (before_replace(), die()))
+    atomic.write_with = cut
+checkpoint.save(run_dir, state(3))
+"""
+
+
+@pytest.mark.parametrize("where", ["writing", "between-renames"])
+def test_a_save_killed_anywhere_is_recovered_at_the_next_start(where, tmp_path):
+    """SIGKILL while the file is written leaves a half file: removed at the next start, steps 2 and 1 kept. SIGKILL
+    between the two renames leaves step 3 complete under its temporary name: finished, not fallen back from."""
+    out = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(tmp_path), where], capture_output=True, text=True)
+    assert out.returncode == -9, out.stderr
+    leftover = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert len(leftover) == 1
+    warnings = checkpoint.recover(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
+    steps = [checkpoint.load(tmp_path / n)["counters"]["step"] for n in ("checkpoint.pt", "checkpoint.prev.pt")]
+    if where == "writing":
+        assert steps == [2, 1]
+        assert len(warnings) == 1 and warnings[0].startswith(f"removed 1 unfinished temporary file(s) of an earlier "
+                                                             f"stop ({leftover[0]}; ")  # fmt: skip
+    else:
+        assert steps == [3, 2]
+        assert warnings == [f"finished the checkpoint of step 3 that a stop left under {leftover[0]}"]
+    assert checkpoint.recover(tmp_path) == []  # nothing left to do
+
+
+def test_every_save_leaves_no_temporary_and_the_latest_always_exists(tmp_path):
+    for step in (1, 2, 3):
+        checkpoint.save(tmp_path, state(step))
+        assert checkpoint.leftovers(tmp_path) == []
+    assert checkpoint.load(tmp_path / "checkpoint.prev.pt")["counters"]["step"] == 2
 
 
 def test_only_tensors_and_plain_containers_are_loaded(tmp_path):

@@ -54,3 +54,23 @@ def test_install_script_mistakes_are_one_line() -> None:
     out = subprocess.run(["bash", str(ROOT / "tools" / "install.sh"), "--bogus"], capture_output=True, text=True)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.strip() == "install: unknown argument --bogus (valid: --print-uv, or none)"
+
+
+def test_the_readme_says_how_to_pick_another_torch_build() -> None:
+    """A CPU-only machine gets the lock's CUDA build of torch: README's "Which torch build" replaces it with the
+    locked versions from PyTorch's CPU index, and the install script's last line points there."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("### Which torch build")
+    text = readme[start : readme.index("\n## ", start)]
+    (block,) = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    locked = {p["name"]: p["version"] for p in LOCK["package"] if p["name"] in ("torch", "torchvision", "torchaudio")}
+    command = block.split("\n#")[0]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in command and "--python .venv/bin/python" in command
+    assert command.startswith("$(tools/install.sh --print-uv) pip install ")
+    for name, version in locked.items():
+        assert f"{name}=={version}+cpu" in command, name
+    assert "whl/cu128" in block and "make -o install" in text and "Untested here" in text
+    script = (ROOT / "tools" / "install.sh").read_text()
+    assert 'see README.md, \\"Which torch build\\"' in script

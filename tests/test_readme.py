@@ -100,3 +100,53 @@ def test_the_library_script_trains_on_two_workers(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("epoch ")]
     assert len(lines) == 3 and "density 0.01" in lines[-1] and "bytes sent" in lines[-1]
+
+
+def test_the_report_command_writes_where_the_readme_says_with_a_run_missing(tmp_path, monkeypatch, capsys):
+    """README's report command on the shipped layout (results/runs/<table>/) while a run is still missing: the
+    table is written where the README's comment says, the missing row marked, exit 0."""
+    from dgc.repro import report
+    from tests.test_report import fake_table
+
+    (line,) = [line for line in blocks(section("The paper's tables"), "bash")[0].splitlines()
+               if line.startswith("python -m dgc.repro.report")]  # fmt: skip
+    command, comment = line.split("#", 1)
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "dgc.repro.report"] and "results/cpu-fmnist.{md,csv}" in comment
+    monkeypatch.chdir(tmp_path)
+    fake_table(Path("results/runs"), "cpu-fmnist", skip=("topk-s1",))
+    report.main(words[3:])  # no SystemExit: status 0
+    out, err = capsys.readouterr()
+    assert "| Gradient Dropping | 1 | not run |" in (tmp_path / "results" / "cpu-fmnist.md").read_text()
+    assert (tmp_path / "results" / "cpu-fmnist.csv").is_file() and "wrote results/cpu-fmnist.md" in out
+    assert err.startswith("warning: table cpu-fmnist: 1 of 12 runs not done yet") and "topk-s1" in err
+    assert "`make cpu-fmnist SWEEP_ARGS=--skip-done`" in err
+
+
+def test_the_cost_model_numbers_are_what_explain_prints():
+    """README quotes two ratios of hierarchical to flat DGC at 128 x 8, 1 Gbps: of the exchange times and of the
+    speed-ups of a whole step; `python -m dgc.costmodel --explain` prints both, and the README names it."""
+    cmd = [sys.executable, "-m", "dgc.costmodel", "--explain", "--machines", "128", "--ranks-per-node", "8"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    exchange = re.search(r"hierarchical is ([\d.]+)x faster than flat \(exchange time alone\)", out.stdout)
+    speedup = re.search(r"\(hierarchical ([\d.]+)x flat's\)", out.stdout)
+    assert exchange and speedup, out.stdout
+    text = " ".join(section("Performance").split())
+    assert f"hierarchical DGC's speed-up over one worker is {speedup[1]}x flat DGC's, for a whole step" in text
+    assert f"its exchange alone is {exchange[1]}x faster than flat's" in text
+    assert "`python -m dgc.costmodel --explain --machines 128 --ranks-per-node 8` prints both" in text
+
+
+def test_the_local_cluster_is_run_as_root_and_stop_keeps_what_purge_removes():
+    slurm_readme = (ROOT / "launch" / "slurm" / "README.md").read_text()
+    for text in (README, slurm_readme):
+        assert not re.search(r"^sudo launch/slurm/local_cluster\.sh", text, flags=re.M)
+    flat = " ".join(section("The paper's tables").split())
+    assert "`launch/slurm/local_cluster.sh start`, as root (`sudo` when you are not)" in flat
+    assert "`stop` stops its daemons and keeps `/etc/slurm`, `/etc/munge` and the packages" in flat
+    assert "`stop --purge` also removes those" in flat
+    assert "each job's log: `runs/slurm/<job name>-<job id>.out`" in flat
+    # what the script does: stop removes nothing; purge removes what the manifest lists (/etc/slurm, /etc/munge, ...)
+    script = (ROOT / "launch" / "slurm" / "local_cluster.sh").read_text()
+    assert "((PURGE == 0)) || purge" in script and "PKG_DIRS=(/etc/slurm /etc/munge" in script

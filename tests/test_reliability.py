@@ -7,10 +7,13 @@ file and then started again with the same command finishes exactly like the unin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+from dgc.repro import checkpoint
 from dgc.repro.config import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_STALLED, EXIT_USER
 from tests import privatefs
 from tests.datafiles import write_fmnist
@@ -87,11 +92,24 @@ def test_signal_stops_every_rank_at_one_step_then_resumes_exactly(fault, fmnist,
 # -- a rank dies; the latest checkpoint is corrupt; the log ends in a torn line ----------------------
 
 
-def test_killed_rank_corrupt_checkpoint_and_torn_log_resume_exactly(fmnist, reference, tmp_path):
+@pytest.mark.parametrize("rank", [1, 0])
+def test_killed_rank_corrupt_checkpoint_and_torn_log_resume_exactly(rank, fmnist, reference, tmp_path):
+    """Either rank SIGKILLed (rank 0 too, which holds the lock and would print the job's line): the launcher
+    names it, and the run resumes exactly."""
     run_dir = tmp_path / "run"
-    out = cli(args(fmnist, run_dir), tmp_path, nproc=2, env={"DGC_FAULTS": "kill@10:1"})
-    assert out.returncode != 0
-    assert "another rank stopped" in out.stderr and "resume=auto" in out.stderr
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2, env={"DGC_FAULTS": f"kill@10:{rank}"})
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert any(
+        re.fullmatch(
+            rf"error: rank {rank} \(pid \d+\) was killed by signal 9 \(SIGKILL\); run the same "
+            r"command with resume=auto to continue from the last checkpoint",
+            line,
+        )
+        for line in lines
+    )
+    # rank 0, when it survives, says what it saw (once: not rank 1, whose loss of rank 0 the launcher names)
+    assert len([line for line in lines if "another rank stopped" in line]) == (1 if rank == 1 else 0), out.stderr
     assert not leftover_processes(run_dir)
     assert load(run_dir)["counters"]["step"] == 9 and load(run_dir, "checkpoint.prev.pt")["counters"]["step"] == 6
     # the disk then loses the end of the latest checkpoint, and the log's last line is cut short
@@ -242,6 +260,13 @@ def test_a_stalled_rank_ends_the_job_after_the_timeout(fmnist, tmp_path):
         ("+train.max_stpes=10", "no key 'train.max_stpes' to add (valid keys: epochs, batch_size"),
         ("run_dir=/etc/passwd", "run_dir /etc/passwd exists and is not a directory"),
         ("resume=maybe", "resume must be true, false or auto"),
+        (
+            "optim.lr=(",
+            "cannot read the override 'optim.lr=(' (extraneous input '('); Hydra reads such a value in "
+            "quotes, inside the shell's: \"optim.lr='('\"",
+        ),
+        ("run_dir=/tmp/ü€漢字", "cannot read the override 'run_dir=/tmp/ü€漢字'; Hydra reads such a value in quotes"),
+        ("data.root=/data/é", "\"data.root='/data/é'\""),
     ],
 )
 def test_mistakes_are_one_line_once(override, message, fmnist, tmp_path):
@@ -250,6 +275,82 @@ def test_mistakes_are_one_line_once(override, message, fmnist, tmp_path):
         assert out.returncode == EXIT_USER, (nproc, out.stderr[-2000:])
         line = one_line(out)
         assert line.startswith("error: ") and message in line, line
+
+
+def _foreign_lock(run_dir: Path, **owner) -> str:
+    (run_dir / ".lock").write_text(json.dumps({"started": "2026-12-01 10:00:00", **owner}))
+    return f"took over the stale lock of pid {owner['pid']} on {owner['host']}"
+
+
+def _half_checkpoint(run_dir: Path) -> str:
+    data = (run_dir / "checkpoint.pt").read_bytes()
+    (run_dir / ".checkpoint.pt.k1ll3d.tmp").write_bytes(data[: len(data) // 2])
+    return "removed 1 unfinished temporary file(s) of an earlier stop (.checkpoint.pt.k1ll3d.tmp"
+
+
+def _no_log(run_dir: Path) -> str:
+    (run_dir / "metrics.jsonl").unlink()
+    return "metrics.jsonl is missing or empty: the log of steps 1-"
+
+
+LEFTOVERS = {
+    # rank 0 SIGKILLed long ago; its PID now names another live process (PID 1: a container's init)
+    "lock-of-a-live-pid": lambda d: _foreign_lock(d, pid=1, host=socket.gethostname()),
+    # a job requeued onto another node finds the lock of the node it lost
+    "lock-of-another-host": lambda d: _foreign_lock(d, pid=4242, host="node-17"),
+    "half-written-checkpoint": _half_checkpoint,
+    "deleted-log": _no_log,
+}
+
+
+def test_what_a_dead_run_leaves_resumes_without_a_person_with_one_warning(fmnist, tmp_path):
+    """One run stopped again and again; before each launch it finds one thing a dead run leaves behind. Each
+    launch resumes under resume=auto with one warning line, and the run ends as the one left alone."""
+    alone = tmp_path / "alone"
+    assert cli(args(fmnist, alone), tmp_path).returncode == 0
+    run_dir = tmp_path / "run"
+    out = cli(args(fmnist, run_dir), tmp_path, env={"DGC_FAULTS": "term@2"})
+    assert out.returncode == EXIT_INTERRUPTED, out.stderr[-2000:]
+    for i, make in enumerate(LEFTOVERS.values()):
+        expected = make(run_dir)
+        last = i == len(LEFTOVERS) - 1
+        out = cli(args(fmnist, run_dir), tmp_path, env={} if last else {"DGC_FAULTS": f"term@{3 * i + 5}"})
+        assert out.returncode == (0 if last else EXIT_INTERRUPTED), out.stderr[-3000:]
+        warnings = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("warning:")]
+        assert len(warnings) == 1 and expected in warnings[0], warnings
+        assert not checkpoint.leftovers(run_dir)
+    assert not (run_dir / ".lock").exists()
+    assert load(alone)["model"].keys() == load(run_dir)["model"].keys()
+    assert all(torch.equal(a, b) for a, b in zip(load(alone)["model"].values(), load(run_dir)["model"].values()))
+
+
+def test_a_damaged_data_file_is_one_line_once_naming_it(tmp_path):
+    data = write_fmnist(tmp_path / "fmnist", n_train=96, n_test=16)
+    damaged = data / "train-images-idx3-ubyte.gz"
+    damaged.write_bytes(damaged.read_bytes()[:200])  # a download cut short
+    for nproc in (0, 2):
+        out = cli([*RUN, f"data.root={data}", f"run_dir={tmp_path / str(nproc)}"], tmp_path, nproc=nproc)
+        assert out.returncode == EXIT_USER, out.stderr[-2000:]
+        assert one_line(out).startswith(f"error: {damaged} is damaged (Compressed file ended before the end-of-stream")
+
+
+def test_dgc_data_moves_fashion_mnist(tmp_path):
+    write_fmnist(tmp_path / "data" / "fashion-mnist", n_train=96, n_test=16)
+    out = cli(
+        [*RUN, f"run_dir={tmp_path / 'run'}", "train.max_steps=1"], tmp_path, env={"DGC_DATA": str(tmp_path / "data")}
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["data"]["root"] == str(tmp_path / "data" / "fashion-mnist")
+
+
+def test_an_unreadable_override_in_a_sweep_is_one_line_and_the_quoted_form_runs(fmnist, tmp_path):
+    out = cli(["-m", *RUN, f"data.root={fmnist}", "compression=none,dgc", "optim.lr=("], tmp_path)
+    assert out.returncode == EXIT_USER and one_line(out).startswith("error: cannot read the override 'optim.lr=('")
+    run_dir = tmp_path / "ü€漢字 run"
+    out = cli([*RUN, f"data.root={fmnist}", f"run_dir='{run_dir}'", "train.max_steps=2"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (run_dir / "summary.json").is_file()
 
 
 @pytest.mark.skipif(privatefs.available() is not None, reason=str(privatefs.available()))
@@ -270,6 +371,36 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(fmnist, tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]
         assert f"at step {step}" in out.stdout
     assert not privatefs.mounted_anywhere(disk) and not any(disk.iterdir())
+
+
+def _fill(path: Path) -> None:
+    """Write zeros into ``path`` until its file system is full."""
+    with open(path, "wb") as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 2**16)
+                f.flush()
+
+
+def test_a_full_disk_at_the_start_or_at_a_resume_is_one_line_and_changes_nothing(fmnist, tmp_path):
+    disk = tmp_path / "disk"
+    with privatefs.PrivateTmpfs(disk, "24m") as fs:
+        # (the resumed run in one process, the fresh one on 2 ranks: rank 0's refusal reaches rank 1)
+        fresh, stopped = disk / "fresh", disk / "stopped"
+        out = cli(args(fmnist, stopped), tmp_path, inside=fs.command, env={"DGC_FAULTS": "term@5"})
+        assert out.returncode == EXIT_INTERRUPTED, out.stderr[-2000:]
+        before = snapshot(fs.outside(stopped))
+        _fill(fs.outside(disk / "filler"))
+        for run_dir, nproc in ((fresh, 2), (stopped, 0)):
+            out = cli(args(fmnist, run_dir), tmp_path, nproc=nproc, inside=fs.command)
+            assert out.returncode == EXIT_USER, out.stderr[-2000:]
+            assert one_line(out).startswith(f"error: no space left on the device of {run_dir} at the start")
+        assert not fs.outside(fresh).exists()
+        assert snapshot(fs.outside(stopped)) == before  # no lock, no temporary file, the checkpoint as it was
+        fs.outside(disk / "filler").unlink()
+        out = cli(args(fmnist, stopped), tmp_path, inside=fs.command)
+        assert out.returncode == 0, out.stderr[-2000:]
+    assert not privatefs.mounted_anywhere(disk)
 
 
 @pytest.mark.skipif(privatefs.available() is not None, reason=str(privatefs.available()))
@@ -304,9 +435,51 @@ def test_the_launcher_checks_the_config_before_starting_workers(tmp_path):
     assert one_line(out) == "error: density must be a number in (0, 1], got 0.0"
 
 
-def test_sigterm_to_the_launcher_stops_the_job_resumably(fmnist, reference, tmp_path):
-    run_dir = tmp_path / "run"
+def _start_launcher(fmnist: Path, run_dir: Path, cwd: Path) -> subprocess.Popen:
+    """``python -m dgc.train --nproc 2`` started and trained for 4 steps."""
     cmd = [sys.executable, "-m", "dgc.train", "--nproc", "2", *args(fmnist, run_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(records(run_dir, "train") if (run_dir / "metrics.jsonl").exists() else []) < 4:
+        if time.monotonic() > deadline or job.poll() is not None:
+            job.kill()
+            raise AssertionError(f"the job did not train: {job.communicate()[1][-3000:]}")
+        time.sleep(0.1)
+    return job
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not reaped by a container's init, counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=lambda s: s.name)
+def test_a_signal_to_the_launcher_stops_the_job_resumably(signum, fmnist, reference, tmp_path):
+    """SIGTERM (a scheduler) and SIGUSR1 (Slurm's warning before the time limit) to the launcher alone reach
+    every worker: one line, exit 75, a checkpoint, and the same command continues exactly."""
+    run_dir = tmp_path / "run"
+    job = _start_launcher(fmnist, run_dir, tmp_path)
+    try:
+        job.send_signal(signum)
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "Traceback" not in err and err.count("interrupted: stopped at step") == 1
+    assert f"on {signum.name}" in err
+    assert not leftover_processes(run_dir)
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert_same_training(reference, run_dir)
+
+
+def test_ctrl_c_stops_after_a_checkpoint(fmnist, tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dgc.train", *args(fmnist, run_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -314,12 +487,36 @@ def test_sigterm_to_the_launcher_stops_the_job_resumably(fmnist, reference, tmp_
         while len(records(run_dir, "train") if (run_dir / "metrics.jsonl").exists() else []) < 4:
             assert time.monotonic() < deadline and job.poll() is None
             time.sleep(0.1)
-        job.send_signal(signal.SIGTERM)  # what Slurm or a scheduler does to the job
+        job.send_signal(signal.SIGINT)
         _, err = job.communicate(timeout=120)
     finally:
         job.kill()
-    assert job.returncode == EXIT_INTERRUPTED, err[-3000:]
-    assert "Traceback" not in err and err.count("interrupted: stopped at step") == 1
+    assert job.returncode == EXIT_INTERRUPTED and "Traceback" not in err, err[-3000:]
+    assert one_line(subprocess.CompletedProcess([], 0, "", err)).startswith("interrupted: stopped at step")
+    assert "on SIGINT" in err and load(run_dir)["counters"]["step"] >= 4
+
+
+def test_kill_9_of_the_launcher_leaves_no_worker_and_the_run_resumes(fmnist, reference, tmp_path):
+    """The launcher SIGKILLed (an OOM killer, a lost login shell): its workers do not train on unsupervised
+    holding the run's lock; within 5 s none is alive, and the same command continues the run exactly."""
+    run_dir = tmp_path / "run"
+    job = _start_launcher(fmnist, run_dir, tmp_path)
+    workers: list[int] = []
+    try:
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True,
+                                                  text=True).stdout.split()]  # fmt: skip
+        assert len(workers) == 2, workers
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in workers if _alive(p)]
+    finally:
+        job.kill()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert not leftover_processes(run_dir)
     out = cli(args(fmnist, run_dir), tmp_path, nproc=2)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -148,17 +150,65 @@ def test_table2_groups_and_world_sizes(tmp_path, capsys):
     assert float(rows[5]["delta_top1"]) == pytest.approx(2.0)
 
 
-def test_missing_runs_fail_with_one_line_and_write_nothing(tmp_path, capsys):
+def test_missing_runs_are_shown_as_not_run_with_one_warning_line(tmp_path, capsys):
     fake_table(tmp_path / "runs", "cpu-ablation", skip=("dgc-no-mc", "dgc-no-warmup"))
     (tmp_path / "runs" / "cpu-ablation" / "dgc-no-mc").mkdir()  # started, never finished
     out = tmp_path / "results"
-    code, stdout, err = run_report(
-        ["--table", "cpu-ablation", "--runs-root", str(tmp_path / "runs"), "--out", str(out)], capsys
-    )
-    assert code != 0 and stdout == ""
-    assert err.count("\n") == 1 and err.startswith("error: table cpu-ablation is missing 2 of 6 runs")
-    assert "cpu-ablation/dgc-no-mc" in err and "cpu-ablation/dgc-no-warmup" in err
-    assert not out.exists()
+    argv = ["--table", "cpu-ablation", "--runs-root", str(tmp_path / "runs"), "--out", str(out)]
+    code, stdout, err = run_report(argv, capsys)
+    assert code == 0
+    md = (out / "cpu-ablation.md").read_text()
+    assert md == stdout.split("wrote ")[0].rstrip("\n") + "\n"
+    assert "| DGC without momentum correction | 4 | not run | - | - | - | - |" in md
+    assert "| DGC without warm-up | 4 | not run | - |" in md
+    assert "| DGC without local clipping | 4 | 300 | 54.00 |" in md
+    assert "- dgc-no-mc: not run" in md and "not run: its run directory had no summary.json" in md
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["cpu-ablation-ratio.png", "cpu-ablation-steps.png", "cpu-ablation.csv", "cpu-ablation.md"]
+    # one line: the rows, and the command that makes them (the finished runs kept)
+    assert err.count("\n") == 1 and err.startswith("warning: table cpu-ablation: 2 of 6 runs not done yet")
+    assert "dgc-no-mc, dgc-no-warmup" in err
+    sweep = f"python -m dgc.repro.sweep cpu-ablation --skip-done --runs-root {tmp_path / 'runs'} --out {out}"
+    assert f"make them with `{sweep}`" in err and "make cpu-ablation" not in err
+
+
+def test_no_run_done_is_one_line_exit_1_and_nothing_written(tmp_path, capsys):
+    (tmp_path / "runs" / "cpu-kjv" / "none-s0").mkdir(parents=True)
+    out = tmp_path / "results"
+    code, stdout, err = run_report(["--table", "cpu-kjv", "--runs-root", str(tmp_path / "runs"), "--out", str(out)],
+                                   capsys)  # fmt: skip
+    assert code == 1 and stdout == "" and not out.exists()
+    assert err.count("\n") == 1 and err.startswith("error: table cpu-kjv: none of its 4 runs is done")
+    assert "python -m dgc.repro.sweep cpu-kjv --skip-done" in err
+
+
+def test_the_shipped_runs_report_into_results_other_runs_into_runs_reports(tmp_path, monkeypatch, capsys):
+    """The defaults: --table with the runs under results/runs/ (the shipped layout, make's) writes results/
+    and names `make <table>` for what is missing; run directories given as paths write runs/reports/."""
+    monkeypatch.chdir(tmp_path)
+    fake_table(Path("results/runs"), "cpu-kjv", skip=("dgc-s1",))
+    code, stdout, err = run_report(["--table", "cpu-kjv"], capsys)
+    assert code == 0 and (tmp_path / "results" / "cpu-kjv.md").is_file()
+    assert "wrote results/cpu-kjv.md, results/cpu-kjv.csv" in stdout
+    assert "make them with `make cpu-kjv SWEEP_ARGS=--skip-done` (or `python -m dgc.repro.sweep cpu-kjv " in err
+    assert "--skip-done --runs-root results/runs --out results`)" in err
+    code, _, _ = run_report(["results/runs/cpu-kjv/none-s0", "--name", "one"], capsys)
+    assert code == 0 and (tmp_path / "runs" / "reports" / "one.md").is_file()
+    assert not (tmp_path / "results" / "one.md").exists()
+
+
+def test_make_report_runs_the_report_of_the_shipped_runs():
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(["make", "-n", "-o", "install", "report", "TABLE=cpu-fmnist"], cwd=root,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "-m dgc.repro.report --table cpu-fmnist --runs-root results/runs --out results" in out.stdout
+    helped = subprocess.run(["make", "help"], cwd=root, capture_output=True, text=True).stdout
+    assert any(line.split()[:1] == ["report"] and "TABLE=" in line for line in helped.splitlines())
+    missing = subprocess.run(["make", "-o", "install", "report"], cwd=root, capture_output=True, text=True)
+    assert missing.returncode != 0 and "make report TABLE=" in missing.stdout
 
 
 def test_partial_marks_what_is_not_run(tmp_path, capsys):
@@ -196,7 +246,7 @@ def test_run_dirs_by_glob_headline_follows_the_kind(tmp_path, capsys):
     # no paper numbers here: no paper columns
     assert "|  | method | N | steps | perplexity | Δ | MB/step | ratio |" in md and "Paper:" not in md
     # sorted glob: dgc-a first; its ratio covers all steps (it ended in the warm-up), flagged with †
-    assert "| kjv_lstm | dgc (dgc-a) | 4 | 300 | 155.00 | +5.00 |" in md and "40x†" in md
+    assert "| kjv_lstm | dgc | 4 | 300 | 155.00 | +5.00 |" in md and "40x†" in md
     assert "| none | 4 | 300 | 150.00 | +0.00 |" in md
 
 
@@ -207,6 +257,64 @@ def test_glob_without_match_and_unfinished_dir_are_errors(tmp_path, capsys):
     code, _, err = run_report([str(tmp_path / "half"), "--out", str(tmp_path / "o")], capsys)
     assert code != 0 and "no summary.json" in err and str(tmp_path / "half") in err
     assert not (tmp_path / "o").exists()
+
+
+def _configured_run(path: Path, compression: str, top1: float, **settings) -> Path:
+    """A run directory with a config.yaml like dgc.train writes (the keys that matter here)."""
+    fake_run(path, "fmnist_resnet20", compression, {"top1": top1})
+    config = {"task": {"name": "fmnist_resnet20", "kind": "image"},
+              "compression": {"name": compression, "density": settings.pop("density", 0.001)},
+              "train": {"max_steps": settings.pop("max_steps", 300), "log_every": settings.pop("log_every", 10)},
+              "run_dir": str(path), "seed": settings.pop("seed", 0)}  # fmt: skip
+    assert not settings
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_run_dirs_are_labelled_by_what_sets_them_apart(tmp_path, capsys):
+    """A -m sweep's directories are named by time and pid: the labels say the compression and the settings the
+    runs differ in (compression.* among runs of one compression); seeds make one row, averaged."""
+    sweep = tmp_path / "runs" / "fmnist_resnet20"
+    _configured_run(sweep / "none" / "20261202-183532-11114", "none", 90.0, log_every=5)
+    _configured_run(sweep / "dgc" / "20261202-183532-11114-1", "dgc", 89.0)
+    _configured_run(sweep / "dgc" / "20261202-183532-11114-2", "dgc", 87.0, seed=1)
+    _configured_run(sweep / "dgc" / "20261202-183532-11114-3", "dgc", 80.0, density=0.01)
+    code, _, _ = run_report([str(sweep / "*" / "*"), "--out", str(tmp_path / "o")], capsys)
+    assert code == 0
+    md = (tmp_path / "o" / "report.md").read_text()
+    table = md.split("\n\n")[1]
+    assert "20261202" not in table and "log_every" not in table and "run_dir" not in table
+    assert "|  | none | 4 | 1 | 300 | 90.00 | +0.00 |" in table
+    assert "| dgc compression.density=0.001 | 4 | 2 | 300 | 88.00 ± 1.41 | -1.00 |" in table  # seeds 0 and 1
+    assert "| dgc compression.density=0.01 | 4 | 1 | 300 | 80.00 | -10.00 |" in table
+    labels = report.labels([(d, json.loads((d / "summary.json").read_text())) for d in sorted(sweep.glob("dgc/*"))[:2]])
+    assert labels == [("dgc", 0), ("dgc", 1)]
+
+
+def test_runs_alike_are_told_apart_by_their_directory(tmp_path):
+    a = _configured_run(tmp_path / "a", "dgc", 1.0)
+    b = _configured_run(tmp_path / "b", "dgc", 2.0)
+    summaries = [(d, json.loads((d / "summary.json").read_text())) for d in (a, b)]
+    assert report.labels(summaries) == [("dgc (a)", None), ("dgc (b)", None)]
+
+
+def test_a_sweep_folder_stands_for_the_run_dirs_it_lists(tmp_path, capsys):
+    """`python -m dgc.train -m` lists its run directories in <sweep folder>/run_dirs.txt: the folder (or the file)
+    is a report's argument; an unfinished run is left out with one warning line."""
+    runs = tmp_path / "runs"
+    done = [_configured_run(runs / k, k, v) for k, v in (("none", 90.0), ("dgc", 89.0))]
+    unfinished = runs / "topk"
+    unfinished.mkdir()
+    folder = tmp_path / "multirun" / "20261202-183532"
+    folder.mkdir(parents=True)
+    (folder / "run_dirs.txt").write_text("".join(f"{d}\n" for d in [*done, unfinished]))
+    for arg in (folder, folder / "run_dirs.txt"):
+        code, stdout, err = run_report([str(arg), "--name", "sweep", "--out", str(tmp_path / "o")], capsys)
+        assert code == 0
+        md = (tmp_path / "o" / "sweep.md").read_text()
+        assert "| fmnist_resnet20 | none |" in md and "|  | dgc | 4 | 300 | 89.00 | -1.00 |" in md
+        assert err.count("\n") == 1 and err.startswith("warning: left out 1 run directory without a summary.json")
+        assert str(unfinished) in err
 
 
 def test_list_names_every_table(capsys):

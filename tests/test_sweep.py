@@ -176,8 +176,13 @@ def test_slurm_sweep_submits_runs_then_a_dependent_report(tmp_path, monkeypatch)
         return subprocess.CompletedProcess(cmd, 0, stdout=f"{100 + len(submitted)}\n", stderr="")
 
     monkeypatch.setattr(sweep.subprocess, "run", fake_sbatch)
-    sweep.main(["table4-ptb", "--launcher", "slurm", "--runs-root", str(tmp_path), "--data-root", "ptb=/data/ptb"])
+    monkeypatch.chdir(tmp_path)  # the submit directory
+    sweep.main(["table4-ptb", "--launcher", "slurm", "--runs-root", "r", "--data-root", "ptb=/data/ptb"])
     (run1, n1), (run2, _), (rep, _) = submitted
     assert n1 == "4" and "data.root=/data/ptb" in run1 and "compression=dgc" in run2
     assert "--dependency=afterok:101:102" in rep
     assert any(a.startswith("--wrap=") and "dgc.repro.report --table table4-ptb" in a for a in rep)
+    # every job's log under runs/slurm/ (made before submitting: Slurm does not make it), named by the job
+    for cmd in (run1, run2, rep):
+        assert "--output=runs/slurm/%x-%j.out" in cmd
+    assert (tmp_path / "runs" / "slurm").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["r", "runs"]

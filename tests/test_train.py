@@ -304,3 +304,30 @@ def test_wandb_offline(fmnist, tmp_path):
     assert os.listdir(cwd) == []  # nothing under the working directory (no ./wandb)
     saved = OmegaConf.load(run_dir / "config.yaml")
     assert saved.logger.wandb is True and saved.logger.mode == "offline"
+
+
+BLOCK = """
+import importlib.abc, sys
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Missing())
+"""
+
+
+def test_a_python_without_the_environment_gets_one_line(tmp_path):
+    """``python -m dgc.train`` with a Python that lacks torch (the system one, not .venv's): which module is
+    missing and what to run, exit 2, no traceback; ``import dgc`` there still raises the ImportError."""
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(BLOCK)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path(__file__).parents[1]}"}
+    out = subprocess.run([sys.executable, "-m", "dgc.train"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"error: torch is not installed for {sys.executable}: run `make install`, then use .venv/bin/python "
+        "(or `source .venv/bin/activate`)"
+    )
+    out = subprocess.run([sys.executable, "-c", "import dgc"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 1 and out.stderr.strip().endswith("ModuleNotFoundError: No module named 'torch'")

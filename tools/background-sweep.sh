@@ -9,7 +9,8 @@
 # editing this checkout does not change the code of a run half done, and a run resumed in a later session runs the
 # commit it started with. It runs `python -m dgc.repro.sweep --skip-done` table after table, `nice -n 19` (it takes
 # only idle CPU: a test suite beside it runs at almost full speed; pause it for timing with `kill -STOP`), writing
-# into this checkout's results/runs/ and results/. `stop` sends SIGTERM: each rank stops at a step boundary after a
+# into this checkout's results/runs/; the tables are then made here with `make report TABLE=<table>` (the sweep's
+# own report would name the worktree's absolute paths). `stop` sends SIGTERM: each rank stops at a step boundary after a
 # checkpoint (the trainer's own preemption path), and the next `start` continues from it (the checkpoints are
 # ignored by git and stay in results/runs/<table>/<row>/). Nothing is left running or mounted after `stop`; the
 # worktree (its .venv of hard links into uv's cache) is removed and made again, in ~20 s, by the next `start`.
@@ -42,8 +43,8 @@ start() {
         for item in "$@"; do
             table=${item%%:*}; only=(); [[ $item == *:* ]] && only=(--only "${item#*:}")
             echo "[bg] $(date -Is) $table ${only[*]}"
-            .venv/bin/python -m dgc.repro.sweep "$table" --launcher local --skip-done "${only[@]}" \
-                --runs-root "$root/results/runs" --out "$root/results" || { echo "[bg] $(date -Is) stopped: rc $?"; exit 1; }
+            .venv/bin/python -m dgc.repro.sweep "$table" --launcher local --skip-done --no-report "${only[@]}" \
+                --runs-root "$root/results/runs" || { echo "[bg] $(date -Is) stopped: rc $?"; exit 1; }
         done
         echo "[bg] $(date -Is) queue done"; rm -f "$bg/commit"' _ "$TREE" "$BG" "$ROOT" "${queue[@]}" \
         >> "$BG/log" 2>&1 < /dev/null &

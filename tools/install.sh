@@ -86,3 +86,6 @@ if [[ -n ${cache:-} && -d ${cache:-} ]]; then sizes=$(du -sh "$cache" "$VENV" | 
     set -- $sizes; where="$VENV adds $2 beside uv's cache of $1 ($cache)"
 else where="$VENV is $(du -sh "$VENV" | cut -f1)"; fi
 say "$torch_line; $where; $(( $(date +%s) - start )) s"
+if [[ $torch_line == *"CUDA "* ]]; then  # the lock's torch: PyPI's build, for one CUDA version
+    say "another torch build (CPU-only, or CUDA 12.x for an older driver): see README.md, \"Which torch build\""
+fi

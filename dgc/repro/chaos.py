@@ -1,7 +1,7 @@
 """A chaos run: one training run hit by random faults, relaunched with the same command line each time,
 compared with the same run left alone.
 
-    python -m dgc.repro.chaos                       # make chaos: 2 ranks, fmnist_resnet20 DGC, 320 steps, 7 faults
+    python -m dgc.repro.chaos                       # make chaos: 2 ranks, fmnist_resnet20 DGC, 320 steps, 12 faults
     python -m dgc.repro.chaos --faults 10 --seed 3 --out /tmp/chaos
 
 The job is ``python -m dgc.train --nproc 2 task=fmnist_resnet20 compression=dgc ... resume=auto``, with a
@@ -11,8 +11,17 @@ launches), drawn at random with ``--seed``:
 * ``usr1`` (Slurm's warning, on one rank), ``term`` (a preemption, on every rank): the job stops at a step
   boundary after a checkpoint and exits 75;
 * ``kill``: SIGKILL of one rank: the job fails, the next launch resumes from the last checkpoint;
+* ``launcher-kill``: SIGKILL of the launcher (``python -m dgc.train --nproc``) itself: its workers stop after a
+  checkpoint (they die with it) and free the run's lock; ``launcher-usr1``: SIGUSR1 to the launcher alone,
+  passed on to the workers: exit 75;
 * ``corrupt``: after a stop, the latest checkpoint loses its end: the next launch falls back to the previous one;
 * ``torn``: after a stop, the log's last line is cut short (a full disk): the next launch drops it;
+* ``stale-lock``: after a stop, ``.lock`` names a live process that is not the run (PID 1) as its holder: the
+  next launch takes it over;
+* ``half-tmp``: after a stop, a half-written checkpoint lies under its temporary name (a kill during a save):
+  removed by the next launch;
+* ``unrenamed``: after a stop, the latest checkpoint lies under its temporary name and the one before is both
+  latest and previous (a kill between a save's two renames): the next launch finishes the save, losing nothing;
 * ``nan``, ``inf``: a non-finite gradient value on one rank at a fixed step (a bad batch): the step is
   skipped on every rank. These recur at the same steps in every launch and in the reference, so they
   are part of the run being reproduced.
@@ -29,7 +38,10 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,8 +54,10 @@ import torch
 from dgc import atomic
 from dgc.repro import checkpoint
 
-PROCESS_FAULTS = ("usr1", "term", "kill")
-FILE_FAULTS = ("corrupt", "torn")
+PROCESS_FAULTS = ("usr1", "term", "kill", "launcher-kill", "launcher-usr1")
+#: faults of the launcher process, sent from here (the others are the workers' own, through DGC_FAULTS)
+LAUNCHER_FAULTS = {"launcher-kill": signal.SIGKILL, "launcher-usr1": signal.SIGUSR1}
+FILE_FAULTS = ("corrupt", "torn", "stale-lock", "half-tmp", "unrenamed")
 DATA_FAULTS = ("nan", "inf")
 #: logged fields that are the same in a reproduced run (times are not)
 SAME_TRAIN = ("step", "epoch", "train_loss", "lr", "density", "sent_bytes", "wire_ratio", "skipped")
@@ -53,7 +67,7 @@ SAME_EVAL = ("step", "epoch", "loss", "top1", "top5", "wire_ratio")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dgc.repro.chaos", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=320, help="optimizer steps of the run (default: 320)")
-    p.add_argument("--faults", type=int, default=7, help="faults to inject (default: 7, at least 6 kinds drawn)")
+    p.add_argument("--faults", type=int, default=12, help="faults to inject (default: 12, every kind once)")
     p.add_argument("--checkpoint-every", type=int, default=20, help="checkpoint interval in steps (default: 20)")
     p.add_argument("--nproc", type=int, default=2, help="ranks (default: 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault schedule (default: 0)")
@@ -97,14 +111,53 @@ def command(args: argparse.Namespace, run_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def launch(cmd: list[str], faults: list[str], log: Path) -> int:
+def launch(cmd: list[str], faults: list[str], log: Path, launcher: tuple[str, int, Path] | None = None) -> int:
+    """Run the job once with ``faults`` (``DGC_FAULTS``); ``launcher``: ``(kind, step, run_dir)`` of a signal to
+    the launcher once the run's log reaches ``step``. Returns the launcher's exit status once its workers are
+    gone too."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["DGC_FAULTS"] = ",".join(faults)
     env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "a") as f:
         f.write(f"\n$ DGC_FAULTS={env['DGC_FAULTS']} {' '.join(cmd)}\n")
         f.flush()
-        return subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        job = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            if launcher is not None:
+                _signal_at(job, LAUNCHER_FAULTS[launcher[0]], launcher[1], launcher[2])
+            return job.wait()
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+
+
+def _signal_at(job: subprocess.Popen, signum: int, step: int, run_dir: Path) -> None:
+    """Send ``signum`` to the launcher once ``run_dir``'s log has a step >= ``step``; after a SIGKILL, wait for
+    its workers (they stop after a checkpoint, having lost their launcher) before the next launch."""
+    log = run_dir / "metrics.jsonl"
+    while job.poll() is None:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if any(json.loads(line).get("step", 0) >= step for line in lines[-3:] if line.endswith("}")):
+            break
+        time.sleep(0.2)
+    else:
+        return
+    workers = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+    job.send_signal(signum)
+    job.wait()
+    deadline = time.monotonic() + 120
+    while any(_running(int(pid)) for pid in workers):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"error: the workers {workers} outlived their launcher by 2 minutes")
+        time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def checkpoint_step(run_dir: Path) -> int:
@@ -114,12 +167,20 @@ def checkpoint_step(run_dir: Path) -> int:
 
 
 def apply_file_fault(kind: str, run_dir: Path) -> None:
+    latest, previous = run_dir / checkpoint.LATEST, run_dir / checkpoint.PREVIOUS
     if kind == "corrupt":
-        latest = run_dir / "checkpoint.pt"
         latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])
-    else:
+    elif kind == "torn":
         with open(run_dir / "metrics.jsonl", "a") as f:
             f.write('{"kind": "train", "step": 99999, "lo')
+    elif kind == "stale-lock":
+        (run_dir / ".lock").write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "started": "chaos"}))
+    elif kind == "half-tmp":
+        data = latest.read_bytes()
+        (run_dir / f".{checkpoint.LATEST}.chaos-half.tmp").write_bytes(data[: len(data) // 2])
+    elif kind == "unrenamed" and previous.exists():
+        os.replace(latest, run_dir / f".{checkpoint.LATEST}.chaos-unrenamed.tmp")
+        shutil.copyfile(previous, latest)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -188,8 +249,16 @@ def chaos(args: argparse.Namespace, work: Path, argv: list[str] | None) -> None:
             step = rng.randrange(at + 2, max(at + 3, args.steps - args.checkpoint_every))
             rank = f":{rng.randrange(args.nproc)}" if plan["fault"] in ("usr1", "kill") else ""
             faults = [f"{plan['fault']}@{step}{rank}"]
-        status = launch(command(args, run_dir), [*data_faults, *faults], log)
-        entry = {"launch": i + 1, "faults": faults, "resumed_at": at, "exit": status,
+        outside = (plan["fault"], step, run_dir) if plan["fault"] in LAUNCHER_FAULTS else None
+        worker_faults = [] if outside else faults
+        mark = log.stat().st_size
+        status = launch(command(args, run_dir), [*data_faults, *worker_faults], log, launcher=outside)
+        # where the launch really resumed, as it said (its own start-up may have finished a save: recover())
+        said = re.findall(r"resuming \S+ at step (\d+)", log.read_bytes()[mark:].decode(errors="replace"))
+        resumed = int(said[0]) if said else 0
+        if report:  # the steps the previous launch did that this one did again
+            report[-1]["steps_lost"] = report[-1]["steps_done"] - resumed
+        entry = {"launch": i + 1, "faults": faults, "resumed_at": resumed, "exit": status,
                  "checkpoint_after": checkpoint_step(run_dir), "file_faults_after": plan["files"]}  # fmt: skip
         if status == 0:
             report.append(entry)
@@ -199,8 +268,8 @@ def chaos(args: argparse.Namespace, work: Path, argv: list[str] | None) -> None:
         # the steps done before the fault that the next launch has to redo: a killed rank dies after its
         # step; a signal stops every rank one step later; a corrupt checkpoint sends it back one more
         kind, step = plan["fault"], int(faults[0].split("@")[1].split(":")[0])
-        entry["steps_done"] = step if kind == "kill" else step + 1
-        entry["steps_lost"] = entry["steps_done"] - checkpoint_step(run_dir)
+        # a signal to the launcher lands when the log shows the step, and the workers stop after a checkpoint
+        entry["steps_done"] = entry["checkpoint_after"] if outside else step if kind == "kill" else step + 1
         report.append(entry)
         after = entry["checkpoint_after"]
         print(f"[chaos] launch {i + 1}: {faults or 'no fault'} -> exit {status}, checkpoint at {after}, "
@@ -249,9 +318,10 @@ def to_markdown(s: dict[str, Any], argv: list[str]) -> str:
     lines += [
         "",
         f"{s['faults_injected']} faults; at most {s['max_steps_lost']} steps lost to one fault. "
-        "Exit 75: stopped on a signal after a checkpoint; 1: a rank was killed. Steps lost: done before the fault "
+        "Exit 75: stopped on a signal after a checkpoint; 1: a rank was killed; -9: the launcher was killed (its "
+        "workers stopped after a checkpoint). Steps lost: done before the fault "
         "and done again by the next launch, which resumes from the newest usable checkpoint (after a corrupt "
-        "latest one: the previous).",
+        "latest one: the previous; after an unrenamed save: that one, finished at its start).",
         "",
         f"Against the uninterrupted reference: {verdict}.",
         "",

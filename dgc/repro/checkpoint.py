@@ -1,8 +1,9 @@
 """Checkpoint files: the last two kept, written atomically, read safely, checked before use.
 
 ``checkpoint.pt`` is the latest, ``checkpoint.prev.pt`` the one before: a save writes the new one to a
-temporary file, renames the latest to ``.prev`` and the new one to the latest, so a crash or a full disk
-at any moment leaves the complete checkpoints there were. Reading uses ``torch.load(weights_only=True)``:
+temporary file, links the latest as ``.prev`` and renames the new one to the latest, so a crash or a full disk
+at any moment leaves the complete checkpoints there were (:func:`save`; :func:`recover` cleans up after one).
+Reading uses ``torch.load(weights_only=True)``:
 a checkpoint holds tensors and plain containers only, and one that needs anything else (a pickled
 callable, say) is refused without running it. :func:`choose` returns the newest readable checkpoint and
 says why it skipped the latest.
@@ -34,15 +35,34 @@ def paths(run_dir: Path) -> list[Path]:
 
 
 def save(run_dir: Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` as the latest checkpoint, keeping the previous one."""
+    """Write ``state`` as the latest checkpoint, keeping the previous one.
+
+    The new file is written and flushed to disk under a temporary name; then the latest is hard-linked as the
+    previous (the latest stays in place), and the new file renamed over the latest. At every moment
+    ``checkpoint.pt`` is a complete checkpoint; a stop between the two renames leaves the new one complete
+    under its temporary name, which :func:`recover` finishes at the next start."""
     latest = run_dir / LATEST
 
-    def keep_previous() -> None:  # once the new checkpoint is complete, the latest becomes the previous
+    def keep_previous() -> None:  # once the new checkpoint is complete, the latest becomes the previous too
         if latest.exists():
-            os.replace(latest, run_dir / PREVIOUS)
+            link = run_dir / f".{PREVIOUS}.{os.getpid()}.link"
+            link.unlink(missing_ok=True)
+            os.link(latest, link)
+            os.replace(link, run_dir / PREVIOUS)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            try:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as a RuntimeError
+                if getattr(exc, "errno", None) == errno.ENOSPC or _full(run_dir):  # (before the partial file goes)
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp) from None
+                raise
 
     try:
-        return atomic.write_with(latest, lambda tmp: torch.save(state, tmp), before_replace=keep_previous)
+        return atomic.write_with(latest, write, before_replace=keep_previous)
     except (OSError, RuntimeError) as exc:  # torch.save's zip writer reports a full disk as a RuntimeError
         if getattr(exc, "errno", None) == errno.ENOSPC or _full(run_dir):
             kept = ", ".join(p.name for p in paths(run_dir)) or "none"
@@ -81,6 +101,52 @@ def load(path: Path) -> dict[str, Any]:
     if missing:
         raise ValueError(f"is not a dgc checkpoint (no {', '.join(missing)})")
     return dict(state)
+
+
+def leftovers(run_dir: Path) -> list[Path]:
+    """Temporary files of writes a stop cut short (:mod:`dgc.atomic`'s ``.<name>.*.tmp``, the previous
+    checkpoint's link, the lock files of older versions)."""
+    return sorted(
+        p for p in run_dir.glob(".*")
+        if p.is_file() and (p.name.endswith(".tmp") or p.name.startswith(f".{PREVIOUS}.") and p.name.endswith(".link"))
+    )  # fmt: skip
+
+
+def recover(run_dir: Path) -> list[str]:
+    """At a start, under the run's lock: finish a checkpoint a stop left complete under its temporary name (newer
+    than the latest: the stop came between its two renames), remove every other leftover; one warning each."""
+    warnings = []
+    found = leftovers(run_dir)
+    pending = [p for p in found if p.name.startswith(f".{LATEST}.") and p.name.endswith(".tmp")]
+    complete = None
+    if pending:  # (loading checkpoints only after a stop that left one)
+        steps = {p: _step_of(p) for p in pending}
+        best = max((p for p in pending if steps[p] is not None), key=lambda p: steps[p], default=None)
+        latest = run_dir / LATEST
+        latest_step = _step_of(latest) if latest.exists() else None
+        if best is not None and (latest_step is None or steps[best] > latest_step):
+            if latest_step is not None:  # a readable latest becomes the previous, as the save would have made it
+                os.replace(latest, run_dir / PREVIOUS)
+            os.replace(best, latest)
+            complete = best
+            warnings.append(f"finished the checkpoint of step {steps[best]} that a stop left under {best.name}")
+    removed = [p for p in found if p != complete and p.exists()]
+    if removed:
+        size = sum(p.stat().st_size for p in removed)
+        for p in removed:
+            p.unlink(missing_ok=True)
+        names = ", ".join(p.name for p in removed[:3]) + (", ..." if len(removed) > 3 else "")
+        warnings.append(f"removed {len(removed)} unfinished temporary file(s) of an earlier stop ({names}; "
+                        f"{size / 2**20:.1f} MB) from {run_dir}")  # fmt: skip
+    return warnings
+
+
+def _step_of(path: Path) -> int | None:
+    """The step a checkpoint file was written at; None when it is not a complete checkpoint."""
+    try:
+        return int(load(path)["counters"]["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def choose(run_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:

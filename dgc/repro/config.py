@@ -30,7 +30,16 @@ def data_home() -> Path:
     return Path.home() / ".cache" / "dgc" / "data"
 
 
-OmegaConf.register_new_resolver("data_home", lambda sub="": str(data_home() / sub), replace=True)
+def data_dir(sub: str = "", system: str = "") -> str:
+    """``${data_home:sub}``: the folder ``sub`` of :func:`data_home`. ``${data_home:sub,SYSTEM}``: the same when
+    that folder exists, else the system-wide copy ``SYSTEM`` (Debian's data packages)."""
+    mine = data_home() / sub
+    if system and not mine.is_dir():
+        return system
+    return str(mine)
+
+
+OmegaConf.register_new_resolver("data_home", data_dir, replace=True)
 
 
 class ConfigError(ValueError):

@@ -1,17 +1,24 @@
 """Tables and plots from run directories, with the paper's numbers beside ours.
 
-    python -m dgc.repro.report --table cpu-fmnist          # the runs under results/runs/cpu-fmnist/
-    python -m dgc.repro.report --table table2-cifar --partial   # a table whose runs are not all done yet
+    python -m dgc.repro.report --table cpu-fmnist          # the runs under results/runs/cpu-fmnist/ -> results/
     python -m dgc.repro.report 'runs/fmnist_resnet20/*/*' --name mine   # any run directories (paths or globs)
+    python -m dgc.repro.report runs/multirun/20261202-183532   # the runs a `python -m dgc.train -m` sweep made
     python -m dgc.repro.report --list                      # the tables and the runs each one needs
 
 Writes ``<out>/<name>.md`` (the table with notes), ``<out>/<name>.csv`` (the same numbers, machine
 readable), ``<out>/<name>-steps.png`` (the headline metric after each evaluation, per method) and
-``<out>/<name>-ratio.png`` (the headline metric against the compression ratio, ours and the paper's);
-``<out>`` is ``results/`` by default. The headline metric follows the task's kind: image -> top-1
-(higher is better), language -> perplexity, speech -> WER (lower is better). Nothing is written when a
-run is missing or unreadable: the error names what is missing. The tables are defined in
-:mod:`dgc.repro.tables`; :mod:`dgc.repro.sweep` makes their runs.
+``<out>/<name>-ratio.png`` (the headline metric against the compression ratio, ours and the paper's).
+``<out>`` is ``results/`` for ``--table`` with the runs under ``results/runs/`` (the shipped tables, what
+``make report TABLE=...`` writes), else ``runs/reports/``. The headline metric follows the task's kind:
+image -> top-1 (higher is better), language -> perplexity, speech -> WER (lower is better).
+
+A row whose run is not done yet (no ``summary.json``) is shown as "not run" and named in one warning line
+with the command that makes it; the exit status is 0 unless no row has a run at all (one line, exit 1).
+A run that is unreadable or of another task than its row's is an error: nothing is written.
+Run directories given as paths are labelled by what they are: the compression and the settings (from
+their ``config.yaml``) that tell them apart from the other runs of the same task. A sweep's folder
+(``runs/multirun/<time>``) or its ``run_dirs.txt`` stands for the run directories the sweep made. The
+tables are defined in :mod:`dgc.repro.tables`; :mod:`dgc.repro.sweep` makes their runs.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import csv
 import glob
 import io
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +38,17 @@ import yaml
 
 from dgc import atomic
 from dgc.repro import plots
-from dgc.repro.rundir import read_records
+from dgc.repro.rundir import MULTIRUN_RECORD, read_records
 from dgc.repro.tables import HEADLINE, METRICS, TABLES, Paper, Row, Table, get_table
 
 MB = 2.0**20
+#: where the Makefile (and the shipped tables) keep the runs and the reports
+MAKE_RUNS_ROOT, MAKE_OUT = "results/runs", "results"
+#: settings that do not change what a run computes: never part of a run directory's label
+NOT_IN_LABELS = (
+    "run_dir", "resume", "resume_allow", "logger", "timeout_s", "data.root", "data.loader_workers",
+    "sync.costmodel", "train.progress", "train.log_every", "train.checkpoint_every", "train.checkpoint_minutes",
+)  # fmt: skip
 
 
 class ReportError(Exception):
@@ -91,58 +106,145 @@ def load_run(row: Row, run_dir: Path) -> Run:
     return Run(row, run_dir, summary, _kind(run_dir, summary), evals)
 
 
-def table_runs(table: Table, runs_root: Path, partial: bool = False) -> list[Run]:
-    """The runs of ``table`` under ``runs_root/<table>/<key>``; every one must be there unless ``partial``."""
+def sweep_hint(table: Table, runs_root: str, out: str) -> str:
+    """The command that makes a table's missing runs, keeping (and resuming) the ones it has."""
+    sweep = shlex.join(
+        ["python", "-m", "dgc.repro.sweep", table.name, "--skip-done", "--runs-root", runs_root, "--out", out]
+    )
+    if Path(runs_root) == Path(MAKE_RUNS_ROOT) and Path(out) == Path(MAKE_OUT):
+        return f"`make {table.name} SWEEP_ARGS=--skip-done` (or `{sweep}`)"
+    return f"`{sweep}`"
+
+
+def table_runs(table: Table, runs_root: Path, partial: bool = False) -> tuple[list[Run], list[Row]]:
+    """The runs of ``table`` under ``runs_root/<table>/<key>`` that are done, and the rows whose run is not
+    (no ``summary.json``: shown as not run). ReportError when a run is unreadable or of another task.
+    ``partial`` is accepted for old callers: missing runs are always shown as not run."""
     dirs = {r.key: runs_root / table.name / r.key for r in table.rows}
-    missing = [d for d in dirs.values() if not (d / "summary.json").is_file()]
-    if missing and not partial:
-        shown = ", ".join(str(p) for p in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-        raise ReportError(
-            f"table {table.name} is missing {len(missing)} of {len(table.rows)} runs (no summary.json): {shown}; "
-            f"make them with `python -m dgc.repro.sweep {table.name}` (or pass --partial)"
-        )
+    missing = [r for r in table.rows if not (dirs[r.key] / "summary.json").is_file()]
     runs = []
     for row in table.rows:
-        run_dir = dirs[row.key]
-        if run_dir in missing:
+        if row in missing:
             continue
-        run = load_run(row, run_dir)
+        run = load_run(row, dirs[row.key])
         if run.summary.get("task") != row.task:
-            raise ReportError(f"{run_dir} is a run of task {run.summary.get('task')!r}, the table wants {row.task!r}")
+            raise ReportError(
+                f"{dirs[row.key]} is a run of task {run.summary.get('task')!r}, the table wants {row.task!r}"
+            )
         runs.append(run)
-    if not runs:
-        raise ReportError(
-            f"table {table.name}: none of its {len(table.rows)} runs is done under {runs_root / table.name}"
-        )
-    return runs
+    return runs, missing
 
 
-def adhoc_runs(patterns: list[str], name: str) -> tuple[Table, list[Run]]:
-    """A table of any run directories (no paper numbers): one group per task, baseline = compression none."""
+def _listed(path: Path) -> list[Path]:
+    """The run directories a sweep's record lists (one per line; ``#`` starts a comment)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
+    return [Path(line.strip()) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _expand(pattern: str) -> list[Path]:
+    """The run directories one command-line argument stands for: a run directory, a glob of them, a sweep's
+    record (``run_dirs.txt``) or the sweep folder holding one."""
+    matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    out: list[Path] = []
+    for match in map(Path, matches):
+        record = match / MULTIRUN_RECORD
+        if match.is_file() and (match.name == MULTIRUN_RECORD or not glob.has_magic(pattern)):
+            out += _listed(match)
+        elif match.is_dir() and record.is_file() and not (match / "summary.json").exists():
+            out += _listed(record)
+        elif match.is_dir():
+            out.append(match)
+    if not out:
+        raise ReportError(f"no run directory matches {pattern!r}")
+    return out
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        return {k: v for key, value in node.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: node}
+
+
+def _settings(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """What a run was made with: its config.yaml, flattened (``train.max_steps``), less what changes nothing."""
+    try:
+        config = _flat(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+    except (OSError, yaml.YAMLError):
+        config = {}
+    keep = {k: v for k, v in config.items() if not any(k == n or k.startswith(f"{n}.") for n in NOT_IN_LABELS)}
+    keep["world_size"] = summary.get("world_size")
+    keep.pop("compression.name", None)
+    return keep
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else str(value)
+
+
+def labels(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[str, int | None]]:
+    """``(label, seed)`` of each ``(run directory, summary)``: the compression, then every setting whose value
+    differs between the runs of the same task (``compression.*`` ones between the runs of the same
+    compression), e.g. ``dgc train.max_steps=30``. A differing ``seed`` is not in the label but returned:
+    rows that differ only in it are one method, averaged over the seeds. Runs still alike are told apart
+    by their directory's name."""
+    settings = [_settings(d, s) for d, s in runs]
+    tasks = [s.get("task") for _, s in runs]
+    comps = [str(s.get("compression", "?")) for _, s in runs]
+    missing = object()
+    out = []
+    for i in range(len(runs)):
+        peers = [j for j in range(len(runs)) if tasks[j] == tasks[i]]
+        shown, seed = [], None
+        for key in settings[i]:
+            among = [j for j in peers if comps[j] == comps[i]] if key.startswith("compression.") else peers
+            if len({_shown(settings[j].get(key, missing)) for j in among}) < 2:
+                continue
+            if key == "seed" and isinstance(settings[i][key], int):
+                seed = settings[i][key]
+            else:
+                shown.append(f"{key}={_shown(settings[i][key])}")
+        out.append((" ".join([comps[i], *shown]), seed))
+    alike = [sum(1 for j, other in enumerate(out) if tasks[j] == tasks[i] and other == mine) > 1
+             for i, mine in enumerate(out)]  # fmt: skip
+    return [(f"{label} ({d.name})", seed) if same else (label, seed)
+            for (d, _), (label, seed), same in zip(runs, out, alike, strict=True)]  # fmt: skip
+
+
+def adhoc_runs(patterns: list[str], name: str) -> tuple[Table, list[Run], list[Path]]:
+    """A table of any run directories (no paper numbers): one group per task, baseline = compression none;
+    and the directories left out because their run is not done (no summary.json)."""
     dirs: list[Path] = []
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        matches = [m for m in matches if Path(m).is_dir()]
-        if not matches:
-            raise ReportError(f"no run directory matches {pattern!r}")
-        dirs += [Path(m) for m in matches if Path(m) not in dirs]
-    missing = [str(d) for d in dirs if not (d / "summary.json").is_file()]
-    if missing:
-        raise ReportError(f"{len(missing)} run director{'y has' if len(missing) == 1 else 'ies have'} "
-                          f"no summary.json (unfinished?): {', '.join(missing[:4])}")  # fmt: skip
+        dirs += [d for d in _expand(pattern) if d not in dirs]
+    missing = [d for d in dirs if not (d / "summary.json").is_file()]
+    done = [d for d in dirs if d not in missing]
+    if not done:
+        shown = ", ".join(map(str, missing[:4])) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ReportError(f"no finished run: {len(missing)} run director{'y has' if len(missing) == 1 else 'ies have'} "
+                          f"no summary.json (unfinished?): {shown}")  # fmt: skip
+    summaries = []
+    for d in done:
+        try:
+            summaries.append(json.loads((d / "summary.json").read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ReportError(f"cannot read {d / 'summary.json'}: {exc}") from exc
     runs, rows = [], []
-    for d in dirs:
-        summary = json.loads((d / "summary.json").read_text())
+    for d, summary, (label, seed) in zip(done, summaries, labels(list(zip(done, summaries))), strict=True):
         task, comp = summary.get("task", "?"), summary.get("compression", "?")
-        row = Row(d.name, task, f"{comp} ({d.name})" if d.name != comp else comp, task, comp,
-                  int(summary.get("world_size", 1)), baseline=comp == "none")  # fmt: skip
+        row = Row(d.name, task, label, task, comp, int(summary.get("world_size", 1)), baseline=comp == "none",
+                  seed=seed)  # fmt: skip
         rows.append(row)
         runs.append(load_run(row, d))
     metrics = tuple(dict.fromkeys(r.headline for r in runs))
     table = Table(
         name, f"Runs: {', '.join(patterns)}", metrics, tuple(rows), "Run directories, no paper numbers", False
     )
-    return table, runs
+    return table, runs, missing
 
 
 # -- the table -----------------------------------------------------------------------------------------
@@ -321,19 +423,21 @@ def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> st
     if flagged:
         notes.append("†: the run ended inside the compression warm-up; the ratio is over all its steps.")
     if any(rec["steps"] is None for rec in records):
-        notes.append("not run: the run directory has no summary.json yet (table made with --partial).")
+        notes.append("not run: its run directory had no summary.json (missing or unfinished) when this was made.")
     if seeded:
         notes += ["", "Each run:", "", "| method | seed | steps | " + " | ".join(table.metrics) + " | ratio | run |",
                   "|" + "---|" * (len(table.metrics) + 5)]  # fmt: skip
         for rec in records:
+            values = " | ".join(_fmt(rec[m]) for m in table.metrics)
             if rec["run_dir"]:
-                values = " | ".join(_fmt(rec[m]) for m in table.metrics)
                 notes.append(f"| {rec['method']} | {rec['seed']} | {rec['steps']} | {values} | "
                              f"{_fmt_ratio(rec['wire_ratio'])} | `{rec['run_dir']}` |")  # fmt: skip
+            else:
+                notes.append(f"| {rec['method']} | {rec['seed']} | not run | {values} | - | {rec['key']} |")
         notes += ["", f"Made by `{command}`."]
     else:
         notes += ["", f"Made by `{command}` from:", ""]
-        notes += [f"- {rec['key']}: `{rec['run_dir']}`" for rec in records if rec["run_dir"]]
+        notes += [f"- {rec['key']}: " + (f"`{rec['run_dir']}`" if rec["run_dir"] else "not run") for rec in records]
     return "\n".join(lines + notes) + "\n"
 
 
@@ -372,18 +476,27 @@ def list_tables() -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dgc.repro.report", description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="*", help="run directories or globs (instead of --table)")
+    p.add_argument(
+        "runs", nargs="*", help="run directories or globs, or a sweep's folder or run_dirs.txt (instead of --table)"
+    )
     p.add_argument("--table", help=f"one of: {', '.join(TABLES)}")
     p.add_argument("--name", default="report", help="output name for run directories given as paths (default: report)")
     p.add_argument(
-        "--runs-root", default="results/runs", help="where --table finds <table>/<key>/ (default: results/runs)"
+        "--runs-root", default=MAKE_RUNS_ROOT, help="where --table finds <table>/<key>/ (default: results/runs)"
     )
-    p.add_argument("--out", default="runs/reports", help="output directory (default: runs/reports; make: results)")
-    p.add_argument("--partial", action="store_true", help="with --table: show the runs that are done, mark the others")
+    p.add_argument(
+        "--out",
+        help="output directory (default: results/ for --table with the runs under results/runs, as make does; "
+        "else runs/reports/)",
+    )
+    p.add_argument("--partial", action="store_true", help="accepted for old scripts: missing runs are always marked")
     p.add_argument("--list", action="store_true", help="list the tables and their runs")
     args = p.parse_args(argv)
     if not args.list and bool(args.table) == bool(args.runs):
         p.error("give either --table NAME or run directories")
+    if args.out is None:
+        shipped = args.table and Path(args.runs_root) == Path(MAKE_RUNS_ROOT)
+        args.out = MAKE_OUT if shipped else "runs/reports"
     return args
 
 
@@ -393,15 +506,33 @@ def main(argv: list[str] | None = None) -> None:
         print(list_tables())
         return
     command = "python -m dgc.repro.report " + " ".join(argv if argv is not None else sys.argv[1:])
+    warnings = []
     try:
         if args.table:
             try:
                 table = get_table(args.table)
             except ValueError as exc:
                 raise ReportError(str(exc)) from exc
-            runs = table_runs(table, Path(args.runs_root), args.partial)
+            runs, missing = table_runs(table, Path(args.runs_root))
+            hint = sweep_hint(table, args.runs_root, args.out)
+            if not runs:
+                raise ReportError(
+                    f"table {table.name}: none of its {len(table.rows)} runs is done (no summary.json under "
+                    f"{Path(args.runs_root) / table.name}); make them with {hint}"
+                )
+            if missing:
+                warnings.append(
+                    f"table {table.name}: {len(missing)} of {len(table.rows)} runs not done yet, shown as not run: "
+                    f"{', '.join(r.key for r in missing)} (no summary.json under {Path(args.runs_root) / table.name}); "
+                    f"make them with {hint}"
+                )
         else:
-            table, runs = adhoc_runs(args.runs, args.name)
+            table, runs, unfinished = adhoc_runs(args.runs, args.name)
+            if unfinished:
+                warnings.append(
+                    f"left out {len(unfinished)} run director{'y' if len(unfinished) == 1 else 'ies'} without a "
+                    f"summary.json (unfinished or failed): {', '.join(map(str, unfinished))}"
+                )
         files = build(table, runs, command)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -410,7 +541,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, data in files.items():
         atomic.write_bytes(out / name, data)
     print(files[f"{table.name}.md"].decode())
-    print(f"wrote {', '.join(str(out / n) for n in files)}")
+    print(f"wrote {', '.join(str(out / n) for n in files)}", flush=True)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 if __name__ == "__main__":

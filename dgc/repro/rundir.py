@@ -16,7 +16,9 @@ fresh ``runs/<task>/<compression>/<time>-<pid>`` picked by rank 0) and broadcast
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import errno
 import json
 import os
 import platform
@@ -37,15 +39,62 @@ from dgc.repro import checkpoint
 from dgc.repro.config import Config, ConfigError
 from dgc.repro.runlock import RunLock
 
+#: the file in a Hydra multirun's sweep folder (``runs/multirun/<time>/``) listing the run directories it made
+MULTIRUN_RECORD = "run_dirs.txt"
+_recorded: set[Path] = set()  # the records this process added to (said at exit)
+
 
 def default_run_dir(task: str, compression: str) -> str:
-    """A fresh ``runs/<task>/<compression>/<time>-<pid>[-N]`` (the jobs of a sweep share time and pid)."""
+    """A fresh ``runs/<task>/<compression>/<time>-<pid>[-N]`` (the jobs of a sweep share time and pid).
+
+    In a job of a Hydra multirun (``python -m dgc.train -m ...``) rank 0 also adds it to the sweep's
+    :data:`MULTIRUN_RECORD`, and the process says at exit where that list is."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path("runs") / task / compression / f"{stamp}-{os.getpid()}"
     path, n = base, 1
     while path.exists():
         path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    _record_multirun(path)
     return str(path)
+
+
+def _multirun_folder() -> Path | None:
+    """The sweep folder (``hydra.sweep.dir``) of the Hydra multirun this process runs a job of, else None."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+    except ImportError:
+        return None
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(str(HydraConfig.get().sweep.dir))
+
+
+def _record_multirun(run_dir: Path) -> None:
+    """Rank 0 of a multirun's job: one line, the run directory's absolute path, appended to the record."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    folder = _multirun_folder()
+    if folder is None or rank != "0":
+        return
+    record = folder / MULTIRUN_RECORD
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(record, "a") as f:  # one short write: the lines of jobs running at once stay whole
+            f.write(f"{run_dir.absolute()}\n")
+    except OSError as exc:
+        print(f"warning: cannot record the run directory in {record}: {exc.strerror}", file=sys.stderr)
+        return
+    if not _recorded:
+        atexit.register(_say_recorded)
+    _recorded.add(record)
+
+
+def _say_recorded() -> None:
+    for record in sorted(_recorded):
+        with contextlib.suppress(OSError):
+            n = sum(1 for line in record.read_text().splitlines() if line.strip())
+            print(f"[multirun] {record} lists the {n} run director{'y' if n == 1 else 'ies'} of this sweep; "
+                  f"their table: python -m dgc.repro.report {record.parent}", flush=True)  # fmt: skip
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
@@ -70,7 +119,12 @@ class MetricsLog:
     def truncate_after(self, step: int) -> list[str]:
         """Drop records past ``step`` (written after the checkpoint a resumed run starts from), and a torn last
         line (a write cut short); returns the warnings."""
-        if not self.enabled or not self.path.exists():
+        if not self.enabled:
+            return []
+        if step > 0 and (not self.path.exists() or not self.path.read_text().strip()):
+            return [f"{self.path} is missing or empty: the log of steps 1-{step} is lost (the checkpoint is "
+                    f"intact); logging goes on after step {step}"]  # fmt: skip
+        if not self.path.exists():
             return []
         keep, warnings = [], []
         lines = self.path.read_text().splitlines()
@@ -146,6 +200,8 @@ class RunFiles:
                 decision = self._decide()
             except ConfigError as exc:
                 decision = {"error": str(exc)}
+            except OSError as exc:  # a full or read-only disk: said once, on every rank, nothing left half-done
+                decision = {"error": self._write_error(exc)}
         decision = broadcast_object(decision)  # type: ignore[assignment]
         if "error" in decision:
             self.lock.release()
@@ -160,7 +216,6 @@ class RunFiles:
             except ValueError as exc:  # it was readable on rank 0
                 raise ConfigError(f"{path} {exc}") from None
         if self.main:
-            self._write_header()
             if state is not None or decision.get("restart"):
                 for warning in self.metrics.truncate_after(state["counters"]["step"] if state else 0):
                     self.console(f"warning: {warning}")
@@ -181,6 +236,7 @@ class RunFiles:
             raise ConfigError(f"cannot create run_dir {self.run_dir}: {exc.strerror}") from None
         try:
             warnings = [w for w in [self.lock.acquire()] if w]
+            warnings += checkpoint.recover(self.run_dir)
             path, state, skipped = checkpoint.choose(self.run_dir)
             files = checkpoint.paths(self.run_dir)
             mode = self.cfg.resume
@@ -202,16 +258,30 @@ class RunFiles:
                     )
                 if leftover:
                     warnings.append(f"{self.run_dir} holds the log of a run that left no checkpoint: starting it over")
+                self._write_header()
                 return {"checkpoint": None, "restart": leftover, "warnings": warnings}
             self._check_resumable(state)
             warnings += [f"{w}; resuming from {path.name}" for w in skipped]
+            self._write_header()
             return {"checkpoint": str(path), "warnings": warnings}
         except BaseException:
             self.lock.release()
-            for folder in created:  # a refused run leaves no directory it made
+            if created:  # a refused run leaves no directory it made (nor the header it wrote into it)
+                for name in ("config.yaml", "env.json"):
+                    with contextlib.suppress(OSError):
+                        (self.run_dir / name).unlink()
+            for folder in created:
                 with contextlib.suppress(OSError):
                     folder.rmdir()
             raise
+
+    def _write_error(self, exc: OSError) -> str:
+        """The one line for a start that could not write in the run directory."""
+        where = f" ({exc.filename})" if exc.filename else ""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return (f"no space left on the device of {self.run_dir} at the start{where}: free space there (or pass "
+                    "another run_dir), then run the same command; nothing was changed")  # fmt: skip
+        return f"cannot write in {self.run_dir}{where}: {exc.strerror or exc}; nothing was changed"
 
     def _check_resumable(self, state: dict[str, Any]) -> None:
         if state["world_size"] != self.info.world_size:
@@ -301,11 +371,15 @@ class RunFiles:
             ratio = f"{record['wire_ratio']:.0f}x"
             self.progress.set_postfix(loss=_num(record["train_loss"], ".3f"), ratio=ratio, refresh=True)
         skipped = f" skipped {record['skipped']} (non-finite)" if record.get("skipped") else ""
+        # the ratio is this step's; the run's (summary.json, the eval lines) is over the steps after the
+        # compression warm-up, which the line says it is still in
+        warmup = float(getattr(self.cfg.compression, "warmup_epochs", 0.0) or 0.0)
+        phase = f", in the compression warm-up to epoch {warmup:g}" if record["epoch"] < warmup else ""
         self.console(
             f"step {record['step']} epoch {record['epoch']:.2f} loss {_num(record['train_loss'], '.4f')} "
             f"lr {record['lr']:.4g} "
-            f"density {record['density']:.4g} sent {_human_bytes(record['sent_bytes'])}/step "
-            f"({record['wire_ratio']:.0f}x) compute {record['compute_s'] * 1e3:.0f}ms "
+            f"density {record['density']:.4g} sent {_human_bytes(record['sent_bytes'])} "
+            f"(ratio {record['wire_ratio']:.0f}x this step{phase}) compute {record['compute_s'] * 1e3:.0f}ms "
             f"compress {record['compress_s'] * 1e3:.1f}ms comm {record['communicate_s'] * 1e3:.1f}ms{skipped}"
         )
         if self.wandb is not None:

@@ -19,9 +19,9 @@ failure; then ``python -m dgc.repro.report --table <table>`` writes ``<out>/<tab
 ``--launcher slurm`` submits each run with ``launch/slurm/train_1node.sbatch`` (world size <=
 ``--gpus-per-node``) or ``train_multinode.sbatch`` (``ceil(world size / gpus-per-node)`` nodes), run
 directory fixed per job, and then a report job that waits for all of them
-(``--dependency=afterok``). ``--cpu`` submits them without GPUs (gloo); ``--sbatch=ARG`` passes
-options such as ``--sbatch=--partition=gpu --sbatch=--time=48:00:00`` on. Submit from the
-repository root.
+(``--dependency=afterok``); each job's log is ``runs/slurm/<job name>-<job id>.out``. ``--cpu`` submits
+them without GPUs (gloo); ``--sbatch=ARG`` passes options such as ``--sbatch=--partition=gpu
+--sbatch=--time=48:00:00`` on. Submit from the repository root.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ from pathlib import Path
 from dgc.repro.tables import TABLES, Row, Table, get_table
 
 SLURM_DIR = Path("launch/slurm")
+#: where the Slurm job logs go (``<job name>-<job id>.out``), relative to the submit directory, as the sbatch
+#: scripts' own default; created before submitting (Slurm does not create it, and a job whose log cannot be
+#: opened fails at start)
+SLURM_LOGS = Path("runs/slurm")
 #: the files a run directory holds a checkpoint in (dgc.repro.checkpoint keeps the last two)
 CHECKPOINTS = ("checkpoint.pt", "checkpoint.prev.pt")
 
@@ -86,7 +90,7 @@ def slurm_command(
         f"--job-name=dgc-{table.name}-{row.key}",
         f"--nodes={nodes}",
         f"--gpus-per-node={0 if args.cpu else world_size // nodes}",
-        f"--output={run_dir.parent}/{row.key}.slurm-%j.out",
+        f"--output={SLURM_LOGS}/%x-%j.out",
         *args.sbatch,
     ]
     overrides = train_overrides(row, extra, run_dir)
@@ -137,6 +141,7 @@ def submit_slurm(table: Table, rows: list[Row], args: argparse.Namespace) -> lis
         if args.dry_run:
             continue
         run_dir.parent.mkdir(parents=True, exist_ok=True)
+        SLURM_LOGS.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"error: sbatch failed for {table.name}/{row.key}: {done.stderr.strip()}")
@@ -224,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     cmd = [
         "sbatch", "--parsable", f"--job-name=dgc-report-{table.name}", f"--dependency=afterok:{':'.join(jobs)}",
         "--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--time=30",
-        f"--output={Path(args.runs_root) / table.name}/report.slurm-%j.out", f"--wrap={report_cmd}",
+        f"--output={SLURM_LOGS}/%x-%j.out", f"--wrap={report_cmd}",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

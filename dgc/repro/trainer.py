@@ -42,7 +42,8 @@ from dgc.repro.rundir import RunFiles
 
 SCHEDULES = ("cosine", "multistep", "constant")
 #: the signals that stop a run at the next step boundary (Slurm: --signal=USR1@<seconds>; preemption: TERM)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: each stops the run at the next step boundary after a checkpoint (SIGINT: Ctrl-C, or passed on by the launcher)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class Interrupted(Exception):
