@@ -38,7 +38,9 @@ start() {
     local queue=("$@"); [[ ${#queue[@]} -gt 0 ]] || read -ra queue <<< "$QUEUE"
     printf '%s\n' "${queue[@]}" > "$BG/queue"
     # one session of its own (setsid): `stop` signals the whole group, torchrun and its ranks included
-    DGC_DATA=${DGC_DATA:-$ROOT/data} setsid nice -n 19 bash -c '
+    # torchrun leaves /tmp/torchelastic_* behind: its temporary files go under runs/bg/tmp, removed by `stop`
+    mkdir -p "$BG/tmp"
+    TMPDIR=$BG/tmp DGC_DATA=${DGC_DATA:-$ROOT/data} setsid nice -n 19 bash -c '
         cd "$1"; shift; bg=$1; root=$2; shift 2
         for item in "$@"; do
             table=${item%%:*}; only=(); [[ $item == *:* ]] && only=(--only "${item#*:}")
@@ -61,6 +63,7 @@ stop() {
         echo "stopped; a run in progress continues from its checkpoint at the next start"
     fi
     rm -f "$BG/pid"
+    rm -rf "$BG/tmp"
     if [[ -d $TREE ]]; then git worktree remove --force "$TREE"; fi
     git worktree prune
 }

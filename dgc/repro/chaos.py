@@ -118,6 +118,8 @@ def launch(cmd: list[str], faults: list[str], log: Path, launcher: tuple[str, in
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["DGC_FAULTS"] = ",".join(faults)
     env.setdefault("OMP_NUM_THREADS", "1")
+    # what a killed launcher cannot remove (its temporary folder) goes with the work folder
+    env["TMPDIR"] = str(log.parent)
     with open(log, "a") as f:
         f.write(f"\n$ DGC_FAULTS={env['DGC_FAULTS']} {' '.join(cmd)}\n")
         f.flush()
