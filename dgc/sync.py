@@ -366,8 +366,10 @@ class GradientSync:
         self.comm.reset_traffic()
         grads = [g for _, g in pairs]
         with phases("compress"):
-            norms = [torch.linalg.vector_norm(g) for g in grads] if self.check_finite or self.clip_norm else []
-            bad = self.check_finite and bool(norms) and not bool(torch.isfinite(torch.stack(norms)).all())
+            # one dispatch for every tensor's norm; whether one is not finite stays on the device until the
+            # agreement below reads it with the requests (one host read for both)
+            norms = list(torch._foreach_norm(grads)) if grads and (self.check_finite or self.clip_norm) else []
+            bad = ~torch.isfinite(torch.stack(norms)).all() if self.check_finite and norms else None
         skipped, requests = self._agree(bad)
         control = self.comm.reset_traffic().sent  # not gradient traffic: reported apart
         if skipped:
@@ -405,11 +407,14 @@ class GradientSync:
             torch._foreach_mul_([it.grad for it in items], rates)
         return rates
 
-    def _agree(self, bad: bool) -> tuple[bool, tuple[str, ...]]:
-        """Whether any worker's gradient was not finite, and what any worker requested (one small MAX)."""
-        flags = [bad, *(r in self._requested for r in REQUESTS)]
+    def _agree(self, bad: torch.Tensor | None) -> tuple[bool, tuple[str, ...]]:
+        """Whether any worker's gradient was not finite (``bad``: a 0-d bool on the device, None: unchecked), and
+        what any worker requested (one small MAX)."""
+        device = self.comm.device
+        requested = torch.tensor([r in self._requested for r in REQUESTS], dtype=torch.uint8, device=device)
         self._requested.clear()
-        agreed = self.comm.allreduce_max_(torch.tensor(flags, dtype=torch.uint8, device=self.comm.device)).tolist()
+        flag = torch.zeros(1, dtype=torch.uint8, device=device) if bad is None else bad.to(device, torch.uint8).view(1)
+        agreed = self.comm.allreduce_max_(torch.cat([flag, requested])).tolist()
         return bool(agreed[0]), tuple(r for r, f in zip(REQUESTS, agreed[1:]) if f)  # one host sync for all
 
     def _finish(self, pairs, compressed, phases, control, dense_sent, skipped, requests) -> StepStats:  # noqa: ANN001
