@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from dgc import atomic
-from dgc.repro import plots
+from dgc.repro import checkpoint, plots
 from dgc.repro.rundir import MULTIRUN_RECORD, read_records
 from dgc.repro.tables import HEADLINE, METRICS, TABLES, Paper, Row, Table, get_table
 
@@ -116,10 +116,9 @@ def sweep_hint(table: Table, runs_root: str, out: str) -> str:
     return f"`{sweep}`"
 
 
-def table_runs(table: Table, runs_root: Path, partial: bool = False) -> tuple[list[Run], list[Row]]:
+def table_runs(table: Table, runs_root: Path) -> tuple[list[Run], list[Row]]:
     """The runs of ``table`` under ``runs_root/<table>/<key>`` that are done, and the rows whose run is not
-    (no ``summary.json``: shown as not run). ReportError when a run is unreadable or of another task.
-    ``partial`` is accepted for old callers: missing runs are always shown as not run."""
+    (no ``summary.json``: shown as not run). ReportError when a run is unreadable or of another task."""
     dirs = {r.key: runs_root / table.name / r.key for r in table.rows}
     missing = [r for r in table.rows if not (dirs[r.key] / "summary.json").is_file()]
     runs = []
@@ -162,16 +161,10 @@ def _expand(pattern: str) -> list[Path]:
     return out
 
 
-def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        return {k: v for key, value in node.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: node}
-
-
 def _settings(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """What a run was made with: its config.yaml, flattened (``train.max_steps``), less what changes nothing."""
     try:
-        config = _flat(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
+        config = checkpoint.flatten(yaml.safe_load((run_dir / "config.yaml").read_text()) or {})
     except (OSError, yaml.YAMLError):
         config = {}
     keep = {k: v for k, v in config.items() if not any(k == n or k.startswith(f"{n}.") for n in NOT_IN_LABELS)}
