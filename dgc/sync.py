@@ -369,7 +369,8 @@ class GradientSync:
             # one dispatch for every tensor's norm; whether one is not finite stays on the device until the
             # agreement below reads it with the requests (one host read for both)
             norms = list(torch._foreach_norm(grads)) if grads and (self.check_finite or self.clip_norm) else []
-            bad = ~torch.isfinite(torch.stack(norms)).all() if self.check_finite and norms else None
+            # (a norm is >= 0: not finite is not below inf; NaN compares False)
+            bad = (torch.stack(norms) < math.inf).logical_not_().any() if self.check_finite and norms else None
         skipped, requests = self._agree(bad)
         control = self.comm.reset_traffic().sent  # not gradient traffic: reported apart
         if skipped:
@@ -378,9 +379,17 @@ class GradientSync:
         with phases("compress"):
             self._clip(grads, norms)
             compressed, dense = [], []
+            decay: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
             for p, g in pairs:
-                item = self._item(p, g)
+                item, weight_decay = self._item(p, g)
                 (compressed if self.is_compressed(p) else dense).append(item)
+                if weight_decay:
+                    grads_of, params_of = decay.setdefault(weight_decay, ([], []))
+                    grads_of.append(g)
+                    params_of.append(p)
+            with torch.no_grad():  # g += wd * w, one dispatch per weight decay value
+                for weight_decay, (grads_of, params_of) in decay.items():
+                    torch._foreach_add_(grads_of, params_of, alpha=weight_decay)
         if self.dense_compressor is not None:
             self.dense_compressor.exchange(dense, self.comm, phases)
         else:
@@ -390,9 +399,9 @@ class GradientSync:
         self.exchange.run(self.compressor, compressed, phases)
         if rates is not None:
             with phases("decompress"):  # back to the gradient the optimizer multiplies by its rate
-                for it, lr in zip(compressed, rates):
-                    if lr:
-                        it.grad.div_(lr)
+                scaled = [(it.grad, lr) for it, lr in zip(compressed, rates) if lr]
+                if scaled:
+                    torch._foreach_div_([g for g, _ in scaled], [lr for _, lr in scaled])
         return self._finish(pairs, compressed, phases, control, dense_sent, skipped, requests)
 
     def _scale_by_rate(self, items: list[Item], phases: Phases) -> list[float] | None:
@@ -442,10 +451,11 @@ class GradientSync:
         )
         return self.last
 
-    def _item(self, param: torch.Tensor, grad: torch.Tensor) -> Item:
+    def _item(self, param: torch.Tensor, grad: torch.Tensor) -> tuple[Item, float]:
+        """The item of ``param`` and the weight decay to add to its gradient here (0: none)."""
         name = self.name_of(param)
         if not self.owns_momentum(param):
-            return Item(name, param, grad)
+            return Item(name, param, grad), 0.0
         if self.optimizer is None:
             raise RuntimeError(
                 f"compressor {self.compressor.name!r} keeps the momentum (momentum correction): build the optimizer "
@@ -453,9 +463,7 @@ class GradientSync:
                 "optimizer (AdamW, ...) with momentum_correction=false"
             )
         momentum, nesterov, weight_decay = self.optimizer.hyper(param)
-        if weight_decay:
-            grad.add_(param.detach(), alpha=weight_decay)
-        return Item(name, param, grad, momentum=momentum, nesterov=nesterov)
+        return Item(name, param, grad, momentum=momentum, nesterov=nesterov), weight_decay
 
     def _clip(self, grads: list[torch.Tensor], norms: list[torch.Tensor]) -> None:
         """Scale this worker's gradient to global norm at most ``clip_norm * N**0.5`` (``norms``: per tensor,

@@ -410,3 +410,97 @@ def decode(message: torch.Tensor, offsets: torch.Tensor, fmt: WireFormat) -> tup
     local = _CODECS[fmt.indices].decode(message[vpos + _pad4(vbytes) :], counts, per_tensor)
     flat = local + torch.repeat_interleave(offsets.to(local.device), counts.to(local.device))
     return flat, values
+
+
+# -- messages whose sizes the host already knows (the bucketed selection, :mod:`dgc.segselect`) -------------
+#: the index formats :func:`encode_known` and :func:`decode_known` write and read without a host read
+KNOWN_FORMATS = ("delta16", "int32")
+
+
+def encode_known(
+    values: torch.Tensor, local: torch.Tensor, gaps: torch.Tensor, counts: list[int], words: list[int], fmt: WireFormat
+) -> torch.Tensor:
+    """The message :func:`encode` writes for the same selection, made without reading the device: the
+    per-tensor value counts (and, for delta16, the words they take) come from the host. ``values`` and
+    ``local`` (positions within their tensors) are tensor after tensor, each tensor's ascending; ``gaps`` are
+    :func:`_gaps` of ``local`` (delta16 only)."""
+    if fmt.indices not in KNOWN_FORMATS:
+        raise ValueError(f"encode_known writes {'/'.join(KNOWN_FORMATS)} indices, not {fmt.indices!r}")
+    device = values.device
+    per_tensor = words if fmt.indices == "delta16" else counts
+    header = torch.tensor([x for pair in zip(counts, per_tensor) for x in pair], dtype=torch.int32, device=device)
+    vals = _as_bytes(values.to(fmt.value_dtype))
+    if fmt.indices == "int32":
+        index = _as_bytes(local.to(torch.int32))
+    elif sum(words) == sum(counts):  # no gap needs an escape word: the gaps are the words
+        index = _as_bytes(gaps.to(torch.uint16))
+    else:
+        escapes = torch.div(gaps - 1, _ESCAPE_GAP, rounding_mode="floor")
+        slot = torch.cumsum(escapes + 1, 0) - 1
+        coded = torch.zeros(sum(words), dtype=torch.int32, device=device)
+        coded[slot] = (gaps - escapes * _ESCAPE_GAP).to(torch.int32)
+        index = _as_bytes(coded.to(torch.uint16))
+    parts = [_as_bytes(header)]
+    for part in (vals, index):
+        parts.append(part)
+        if pad := _pad4(part.numel()) - part.numel():
+            parts.append(torch.zeros(pad, dtype=torch.uint8, device=device))
+    return torch.cat(parts)
+
+
+def decode_known(
+    rows: torch.Tensor, offsets: tuple[int, ...] | list[int], fmt: WireFormat
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Every worker's message of :func:`encode_known` (``rows[r]``, as :meth:`dgc.comm.Comm.allgather_bytes`
+    returns them; ``offsets``: where each tensor starts in the flat space) decoded together with one host read
+    (all the headers): ``(flat positions, fp32 values, ends)``, worker after worker, ``ends[r]`` where worker r's
+    entries end."""
+    if fmt.indices not in KNOWN_FORMATS:
+        raise ValueError(f"decode_known reads {'/'.join(KNOWN_FORMATS)} indices, not {fmt.indices!r}")
+    device, (R, width), T = rows.device, rows.shape, len(offsets)
+    flat_rows = rows.view(-1)
+    header = flat_rows[: 8 * T] if R == 1 else rows[:, : 8 * T].contiguous()
+    header = header.view(torch.int32).view(R, T, 2).tolist()  # the one host read
+    counts = [h[0] for row in header for h in row]
+    per_tensor = [h[1] for row in header for h in row]
+    values, blocks, ends, total = [], [], [], 0
+    word_bytes = 2 if fmt.indices == "delta16" else 4
+    for r in range(R):
+        n_values = sum(counts[r * T : (r + 1) * T])
+        n_words = sum(per_tensor[r * T : (r + 1) * T])
+        vpos = r * width + _pad4(8 * T)
+        vbytes = n_values * fmt.value_dtype.itemsize
+        ipos = vpos + _pad4(vbytes)
+        values.append(flat_rows[vpos : vpos + vbytes].view(fmt.value_dtype))
+        blocks.append(flat_rows[ipos : ipos + word_bytes * n_words])
+        total += n_values
+        ends.append(total)
+    vals = (values[0] if R == 1 else torch.cat(values)).to(torch.float32)
+    block = blocks[0] if R == 1 else torch.cat(blocks)
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64, device=device), vals, ends
+    if fmt.indices == "int32":
+        table = torch.tensor(counts + list(offsets) * R, dtype=torch.int64, device=device)
+        return block.view(torch.int32) + table[R * T :].repeat_interleave(table[: R * T], output_size=total), vals, ends
+    # per (worker, tensor): where its words start, how many values, its offset minus one
+    firsts, pos = [], 0
+    for w in per_tensor:
+        firsts.append(pos)
+        pos += w
+    n_words = pos
+    firsts = [min(f, n_words - 1) for f in firsts]
+    escapes = n_words != total
+    table = torch.tensor(firsts + counts + [o - 1 for o in offsets] * R + (per_tensor if escapes else []),
+                         dtype=torch.int64, device=device)  # fmt: skip
+    firsts_t, counts_t, shift_t = table[: R * T], table[R * T : 2 * R * T], table[2 * R * T : 3 * R * T]
+    w = block.view(torch.uint16).to(torch.int64)
+    if not escapes:  # every word is a gap: position = (gaps so far) - (gaps before the tensor) - 1 + offset
+        ends_at = torch.cumsum(w, 0)
+        before = (ends_at - w)[firsts_t] - shift_t
+        return ends_at - before.repeat_interleave(counts_t, output_size=total), vals, ends
+    escape = w == 0  # an escape word advances 65535 and ends no gap
+    gaps = torch.where(escape, _ESCAPE_GAP, w)
+    ends_at = torch.cumsum(gaps, 0)
+    before = (ends_at - gaps)[firsts_t].repeat_interleave(table[3 * R * T :], output_size=n_words)
+    local = (ends_at - before)[torch.argsort(escape.to(torch.uint8), stable=True)[:total]]
+    return local + shift_t.repeat_interleave(counts_t, output_size=total), vals, ends

@@ -208,3 +208,55 @@ def test_bad_wire_format_names(kwargs, valid):
     for name in valid:
         assert name in message
     assert repr(next(iter(kwargs.values()))) in message
+
+
+# -- encode_known / decode_known: the bucketed path's messages, sizes known on the host ------------------
+
+
+def _selection(gen: torch.Generator, numels: list[int], with_long_gaps: bool):
+    values, local = [], []
+    for n in numels:
+        m = int(torch.randint(0, min(n, 40) + 1, (1,), generator=gen))
+        pos = torch.randperm(n, generator=gen)[:m].sort().values
+        if with_long_gaps and n > 200_000 and m:
+            pos = torch.unique(torch.cat([pos, torch.tensor([0, 70_000, n - 1])]))
+        local.append(pos)
+        values.append(torch.randn(pos.numel(), generator=gen))
+    return values, local
+
+
+@pytest.mark.parametrize("values_fmt", ["fp32", "fp16"])
+@pytest.mark.parametrize("indices_fmt", list(wire.KNOWN_FORMATS))
+@pytest.mark.parametrize("with_long_gaps", [False, True])
+def test_messages_made_from_known_sizes_are_the_messages_of_encode(values_fmt, indices_fmt, with_long_gaps):
+    fmt = wire.WireFormat(values_fmt, indices_fmt)
+    big = 300_000 if with_long_gaps else 60_000  # no gap can pass 65535 in the second case
+    numels = [7, 1000, big, 1, 5000]
+    offsets = list(itertools.accumulate([0, *numels[:-1]]))
+    gen = torch.Generator().manual_seed(3)
+    messages, expected, escaped = [], [], False
+    for _ in range(3):  # three workers
+        values, local = _selection(gen, numels, with_long_gaps)
+        counts = torch.tensor([v.numel() for v in values])
+        idx = torch.cat(local)
+        gaps = wire._gaps(idx, counts)
+        words = wire.delta16_encode(idx, counts)[1].tolist()
+        escaped |= sum(words) > counts.sum()
+        message = wire.encode_known(torch.cat(values), idx, gaps, counts.tolist(), words, fmt)
+        assert torch.equal(message, wire.encode(values, local, fmt))
+        messages.append(message)
+        expected.append(wire.decode(message, torch.tensor(offsets), fmt))
+    longest = max(m.numel() for m in messages)
+    rows = torch.zeros(3, longest, dtype=torch.uint8)
+    for r, m in enumerate(messages):
+        rows[r, : m.numel()] = m
+    flat, vals, ends = wire.decode_known(rows, offsets, fmt)
+    assert ends == list(itertools.accumulate(p.numel() for p, _ in expected))
+    assert torch.equal(flat, torch.cat([p for p, _ in expected]))
+    assert torch.equal(vals, torch.cat([v for _, v in expected]))
+    assert escaped == with_long_gaps  # gaps over 65535: escape words written and read
+
+
+def test_only_the_formats_with_known_sizes_are_written_that_way():
+    with pytest.raises(ValueError, match="delta16/int32 indices, not 'rice'"):
+        wire.encode_known(torch.zeros(0), torch.zeros(0), torch.zeros(0), [0], [0], wire.WireFormat("fp32", "rice"))

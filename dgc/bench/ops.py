@@ -125,7 +125,7 @@ def count_step(model: torch.nn.Module, name: str, density: float, seed: int = 0)
         "host_syncs": syncs,
         "syncs_by_op": dict(counter.syncs.most_common()),
         "host_reads": dict(reads.most_common()),
-        "by_op": dict(counter.by_op.most_common(15)),
+        "by_op": dict(counter.by_op.most_common()),
     }
 
 

@@ -8,7 +8,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from dgc import kernels
+from dgc import kernels, segselect, wire
+from dgc.bucket import Bucket, Layout
+from dgc.comm import Comm
 from dgc.compressors.base import Item, Stochastic, check_int, check_number, register
 from dgc.compressors.sparse import SparseCompressor, SparseConfig
 from dgc.select import (
@@ -84,6 +86,8 @@ class DGC(Stochastic, SparseCompressor):
     name: ClassVar[str] = "dgc"
     config_class = DGCConfig
     config: DGCConfig
+    #: False: always the per-tensor path (comparisons, tests)
+    use_buckets: bool = True
 
     def __init__(self, config: DGCConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
@@ -94,6 +98,9 @@ class DGC(Stochastic, SparseCompressor):
         self.scratch = Scratch()
         #: per tensor: [threshold, steps since it was sampled, density it was sampled for]
         self.thresholds: dict[str, list[float]] = {}
+        #: the flat bucket of the bucketed path (:meth:`bucketed`) and its sampling plans by density
+        self._bucket: Bucket | None = None
+        self._plans: dict[float, segselect.Plan] = {}
 
     @property
     def owns_momentum(self) -> bool:
@@ -245,6 +252,93 @@ class DGC(Stochastic, SparseCompressor):
         if self.momentum_correction and self.momentum_masking:
             self.state[item.name]["u"].index_fill_(0, idx, 0)
         return idx, v
+
+    # -- the bucketed path --------------------------------------------------------------------
+    def bucketed(self, items: list[Item]) -> bool:
+        """Whether ``items`` take the bucketed path (:mod:`dgc.segselect`): the PyTorch path (no native kernel for
+        these tensors: CUDA, or ``DGC_KERNELS=0``), one momentum for all, a threshold sampled every step, and
+        an index format whose size the selection knows. Otherwise the per-tensor path, with the same result."""
+        first = items[0].grad
+        return (
+            self.use_buckets
+            and not kernels.usable(first)
+            and self.reestimate_every == 1
+            and self.wire.indices in wire.KNOWN_FORMATS
+            and len({(it.momentum, it.nesterov, it.grad.dtype, it.grad.device) for it in items}) == 1
+        )
+
+    def _bucket_of(self, items: list[Item]) -> Bucket:
+        layout = Layout.of(items)
+        if self._bucket is None or self._bucket.layout != layout:
+            self._bucket = Bucket(layout)
+            self._plans = {}
+        self._bucket.adopt(self.state, ("u", "v") if self.momentum_correction else ("v",))
+        return self._bucket
+
+    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
+        if not items or not self.bucketed(items):
+            super().exchange(items, comm, phases)
+            return
+        density = self.density()
+        with phases("compress"):
+            bucket = self._bucket_of(items)
+            g = bucket.grad
+            torch._foreach_copy_(bucket.grad_views, [it.grad for it in items])
+            v = bucket.buffers["v"]
+            u = bucket.buffers.get("u")
+            momentum, nesterov = items[0].momentum, items[0].nesterov
+            if u is None:
+                v.add_(g)
+            elif nesterov:
+                u.add_(g).mul_(momentum)
+                v.add_(u).add_(g)
+            else:
+                torch.add(g, u, alpha=momentum, out=u)
+                v.add_(u)
+            plan = self._plans.get(density)
+            if plan is None:
+                plan = self._plans[density] = segselect.Plan(
+                    bucket, density, self.sample_ratio, self.lower_bound, self.max_adaptations
+                )
+            sel = segselect.select(v, bucket, plan, self.generator)
+            values = v[sel.positions]
+            value_dtype = self.wire.value_dtype
+            if value_dtype != torch.float32:
+                limit = torch.finfo(value_dtype).max
+                values.clamp_(-limit, limit)
+                values = values.to(value_dtype).to(v.dtype)
+                v[sel.positions] -= values  # the 16-bit rounding error and a clamped excess stay in the residual
+            else:
+                v.index_fill_(0, sel.positions, 0)
+            if u is not None and self.momentum_masking:
+                u.index_fill_(0, sel.positions, 0)
+            for name, threshold in zip(bucket.layout.names, sel.thresholds):
+                if threshold is None:
+                    self.thresholds.pop(name, None)
+                else:
+                    self.thresholds[name] = [threshold, 0, density]
+            phases.counters["adaptations"] += sum(sel.adaptations)
+            phases.counters["threshold_sampled"] += plan.num_sampled
+            phases.counters["selection_retries"] += sel.retries
+            phases.counters["values_sent"] += sum(sel.counts)
+            phases.counters["values_target"] += sum(plan.k)
+            local = sel.positions - bucket.offsets_t[sel.tensors] if self.wire.indices == "int32" else sel.positions
+            message = wire.encode_known(values, local, sel.gaps, sel.counts, sel.words, self.wire)
+        rows, _ = comm.allgather_bytes(message)
+        with phases("decompress"):
+            positions, received, ends = wire.decode_known(rows, bucket.layout.offsets, self.wire)
+            received = received.to(g.dtype)
+            if comm.world_size > 1:
+                received.div_(comm.world_size)
+            g.zero_()
+            if len(ends) == 1:
+                g.index_add_(0, positions, received)
+            start = 0
+            for end in ends if len(ends) > 1 else ():  # worker after worker: duplicates sum in worker order
+                if end > start:
+                    g.index_add_(0, positions[start:end], received[start:end])
+                start = end
+            torch._foreach_copy_([it.grad for it in items], bucket.grad_views)
 
     # -- state ---------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
