@@ -16,10 +16,12 @@ per-name tensors whichever path made them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from dgc.compressors.base import Item
+if TYPE_CHECKING:
+    from dgc.compressors.base import Item
 
 
 @dataclass(frozen=True)
@@ -97,3 +99,28 @@ class Bucket:
 
     def views(self, key: str) -> list[torch.Tensor]:
         return self._views[key]
+
+    def gather(self, items: list[Item]) -> torch.Tensor:
+        """The items' gradients copied into :attr:`grad` (one dispatch), which is returned."""
+        torch._foreach_copy_(self.grad_views, [it.grad for it in items])
+        return self.grad
+
+    def scatter(self, items: list[Item], flat: torch.Tensor | None = None) -> None:
+        """Copy ``flat`` (default: :attr:`grad`; another dtype is converted) back into the items' gradients."""
+        if flat is not None and flat is not self.grad:
+            self.grad.copy_(flat)
+        torch._foreach_copy_([it.grad for it in items], self.grad_views)
+
+
+class Buckets:
+    """A bucket per kind of exchange (``key``), made again when the tensors change."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Bucket] = {}
+
+    def of(self, key: str, items: list[Item]) -> Bucket:
+        layout = Layout.of(items)
+        bucket = self._by_key.get(key)
+        if bucket is None or bucket.layout != layout:
+            bucket = self._by_key[key] = Bucket(layout)
+        return bucket

@@ -38,6 +38,7 @@ from typing import ClassVar
 import torch
 
 from dgc import wire
+from dgc.bucket import Buckets
 from dgc.comm import Comm
 from dgc.compressors.base import Compressor, Item, copy_back
 from dgc.compressors.dense import allreduce_dense
@@ -57,6 +58,7 @@ class Exchange:
 
     def __init__(self, comm: Comm):
         self.comm = comm
+        self.buckets = Buckets()
 
     def check(self, compressor: Compressor) -> None:
         """Refuse a compressor this exchange cannot carry (ValueError naming what can)."""
@@ -66,7 +68,8 @@ class Exchange:
 
     def dense(self, items: list[Item], phases: Phases, dtype: torch.dtype) -> None:
         """Average the tensors the policy leaves dense (biases, BatchNorm): one allreduce in ``dtype``."""
-        allreduce_dense(items, self.comm, phases, dtype)
+        if items:
+            allreduce_dense(items, self.comm, phases, dtype, self.buckets.of("dense", items))
 
 
 def _flatten(items: list[Item], multiple: int) -> torch.Tensor:

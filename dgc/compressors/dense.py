@@ -7,13 +7,15 @@ from typing import ClassVar
 
 import torch
 
+from dgc.bucket import Bucket, Buckets
 from dgc.comm import Comm
-from dgc.compressors.base import Compressor, CompressorConfig, Item, Phases, copy_back, flat_views, register
+from dgc.compressors.base import Compressor, CompressorConfig, Item, Phases, register
 from dgc.wire import DTYPES
 
 
-def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.dtype) -> None:
-    """Average the items' gradients with one allreduce of their concatenation in ``dtype``."""
+def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.dtype, bucket: Bucket) -> None:
+    """Average the items' gradients with one allreduce of their concatenation in ``dtype`` (made in ``bucket``,
+    a :class:`~dgc.bucket.Bucket` of these items)."""
     if not items:
         return
     if not comm.collective and dtype == items[0].grad.dtype:
@@ -21,10 +23,10 @@ def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.
         comm.traffic.add(sum(it.grad.numel() for it in items) * dtype.itemsize, 0)
         return
     with phases("compress"):
-        flat = torch.cat(flat_views(items)).to(dtype)
+        flat = bucket.gather(items).to(dtype)
     comm.allreduce_mean_(flat)
     with phases("decompress"):
-        copy_back(items, flat.to(items[0].grad.dtype))
+        bucket.scatter(items, flat)
 
 
 @dataclass
@@ -43,8 +45,13 @@ class Dense(Compressor):
     handles_all_tensors: ClassVar[bool] = True
     dtype_name: ClassVar[str] = "fp32"
 
+    def __init__(self, config: CompressorConfig | None = None, **options) -> None:  # noqa: ANN003
+        super().__init__(config, **options)
+        self.buckets = Buckets()
+
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
-        allreduce_dense(items, comm, phases, DTYPES[self.dtype_name])
+        if items:
+            allreduce_dense(items, comm, phases, DTYPES[self.dtype_name], self.buckets.of("dense", items))
 
 
 @dataclass

@@ -23,8 +23,9 @@ from typing import Any, ClassVar
 import torch
 
 from dgc import bits
+from dgc.bucket import Buckets
 from dgc.comm import Comm
-from dgc.compressors.base import CompressorConfig, Item, Stochastic, check_int, copy_back, flat_views, register
+from dgc.compressors.base import CompressorConfig, Item, Stochastic, check_int, register
 from dgc.timing import Phases
 
 
@@ -58,6 +59,7 @@ class QSGD(Stochastic):
     def __init__(self, config: QSGDConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
         self._buckets: tuple[tuple[int, ...], torch.Tensor] | None = None
+        self.flat = Buckets()
 
     def bucket_ids(self, sizes: list[int], device: torch.device) -> torch.Tensor:
         """The bucket of every value of the concatenated tensors (buckets never span two tensors)."""
@@ -77,9 +79,11 @@ class QSGD(Stochastic):
         s, width = self.config.levels, self.config.code_bits
         sizes = [it.grad.numel() for it in items]
         with phases("compress"):
-            x = torch.cat(flat_views(items)).float()
+            flat = self.flat.of("qsgd", items)
+            x = flat.gather(items).float()
             bucket = self.bucket_ids(sizes, x.device)
-            count = int(bucket[-1]) + 1
+            d = self.config.bucket_size
+            count = sum((n + d - 1) // d for n in sizes) if d else len(sizes)
             norms = torch.zeros(count, device=x.device).index_add_(0, bucket, x * x).sqrt_()
             scaled = x.abs().div_(norms[bucket].clamp_min(torch.finfo(torch.float32).tiny)).mul_(s)
             level = scaled.floor()
@@ -95,4 +99,4 @@ class QSGD(Stochastic):
             level = (all_codes & ((1 << (width - 1)) - 1)).float()
             sign = 1.0 - 2.0 * (all_codes >> (width - 1)).float()
             mean = (sign * level * all_norms[:, bucket]).mean(0).div_(s)
-            copy_back(items, mean.to(items[0].grad.dtype))
+            flat.scatter(items, mean)
