@@ -16,7 +16,7 @@ per-name tensors whichever path made them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,6 +65,8 @@ class Bucket:
         self.grad_views = self.shaped(self.grad)
         self.buffers: dict[str, torch.Tensor] = {}
         self._views: dict[str, list[torch.Tensor]] = {}
+        #: what a compressor derives from the layout and keeps with it (DGC: its sampling plans by density)
+        self.plans: dict[Any, Any] = {}
         # per-tensor constants on the device, made once
         self.numels_t = torch.tensor(layout.numels, dtype=torch.int64, device=device)
         self.offsets_t = torch.tensor(layout.offsets, dtype=torch.int64, device=device)
@@ -117,6 +119,9 @@ class Buckets:
 
     def __init__(self) -> None:
         self._by_key: dict[str, Bucket] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._by_key
 
     def of(self, key: str, items: list[Item]) -> Bucket:
         layout = Layout.of(items)

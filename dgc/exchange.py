@@ -68,8 +68,7 @@ class Exchange:
 
     def dense(self, items: list[Item], phases: Phases, dtype: torch.dtype) -> None:
         """Average the tensors the policy leaves dense (biases, BatchNorm): one allreduce in ``dtype``."""
-        if items:
-            allreduce_dense(items, self.comm, phases, dtype, self.buckets.of("dense", items))
+        allreduce_dense(items, self.comm, phases, dtype, self.buckets)
 
 
 def _flatten(items: list[Item], multiple: int) -> torch.Tensor:

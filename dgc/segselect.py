@@ -39,6 +39,7 @@ import torch
 
 from dgc.bucket import Bucket
 from dgc.select import sampling_plan, target_count
+from dgc.wire import ESCAPE_GAP
 
 #: ``torch.randint(0, high)`` on a CPU generator uses one 32-bit draw per value, ``V % high``, while
 #: ``high < 2**28`` (a 64-bit draw above): tests/test_segselect.py checks it against the pinned PyTorch
@@ -49,8 +50,6 @@ HOST = "cpu"
 MARGIN = 3
 #: the thresholds computed at first: ``thr * 0.8**j`` for j up to this (the rest when a tensor needs them)
 FIRST_LEVELS = 4
-#: the largest gap one 16-bit word carries (:mod:`dgc.wire`'s delta16)
-ESCAPE_GAP = 65535
 
 
 @dataclass(frozen=True)

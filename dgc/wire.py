@@ -47,7 +47,8 @@ from dgc import bits
 #: value types on the wire, by name (also the dense exchange's)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 INDEX_FORMATS = ("delta16", "int32", "rice", "bitmap", "auto")
-_ESCAPE_GAP = 65535
+#: the largest gap one delta16 word carries; a longer one is preceded by escape words
+ESCAPE_GAP = 65535
 _AUTO_TAGS = {"rice": 1, "bitmap": 2}
 _MAX_RICE_B = 31
 
@@ -124,14 +125,20 @@ def delta16_encode(indices: torch.Tensor, counts: torch.Tensor) -> tuple[torch.T
     """
     if indices.numel() == 0:
         return indices.new_zeros(0, dtype=torch.int32), torch.zeros_like(counts)
-    gaps = _gaps(indices, counts)
-    escapes = torch.div(gaps - 1, _ESCAPE_GAP, rounding_mode="floor")
-    rest = gaps - escapes * _ESCAPE_GAP
-    slot = torch.cumsum(escapes + 1, 0) - 1  # where each remainder word lands
-    words = torch.zeros(int(slot[-1]) + 1, dtype=torch.int32, device=indices.device)
-    words[slot] = rest.to(torch.int32)
+    words, escapes = _gap_words(_gaps(indices, counts))
     per_tensor = torch.zeros_like(counts).index_add_(0, _segment_ids(counts), escapes + 1)
     return words, per_tensor
+
+
+def _gap_words(gaps: torch.Tensor, n_words: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta16 words of ``gaps`` (int32 in [0, 65535]) and each gap's number of escape words; ``n_words``:
+    how many words there are, when the host already knows (else it is read from the device)."""
+    escapes = torch.div(gaps - 1, ESCAPE_GAP, rounding_mode="floor")
+    rest = gaps - escapes * ESCAPE_GAP
+    slot = torch.cumsum(escapes + 1, 0) - 1  # where each remainder word lands
+    words = torch.zeros(int(slot[-1]) + 1 if n_words is None else n_words, dtype=torch.int32, device=gaps.device)
+    words[slot] = rest.to(torch.int32)
+    return words, escapes
 
 
 def delta16_decode(words: torch.Tensor, words_per_tensor: torch.Tensor) -> torch.Tensor:
@@ -141,7 +148,7 @@ def delta16_decode(words: torch.Tensor, words_per_tensor: torch.Tensor) -> torch
     w = words.to(torch.int64)
     escape = w == 0
     # an escape word advances 65535 and ends no gap: as gaps of the words, positions land on every word
-    positions = _positions_from_gaps(torch.where(escape, torch.full_like(w, _ESCAPE_GAP), w), words_per_tensor)
+    positions = _positions_from_gaps(torch.where(escape, torch.full_like(w, ESCAPE_GAP), w), words_per_tensor)
     return positions[~escape]
 
 
@@ -356,13 +363,13 @@ def encoded_size(
 
 
 def _join(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    total = sum(_pad4(p.numel()) for p in parts)
-    out = torch.zeros(total, dtype=torch.uint8, device=device)
-    pos = 0
+    """The byte parts one after the other, each padded with zeros to a multiple of 4 bytes (one ``cat``)."""
+    joined = []
     for p in parts:
-        out[pos : pos + p.numel()] = p.to(out.device)
-        pos += _pad4(p.numel())
-    return out
+        joined.append(p.to(device))
+        if pad := _pad4(p.numel()) - p.numel():
+            joined.append(torch.zeros(pad, dtype=torch.uint8, device=device))
+    return torch.cat(joined) if joined else torch.zeros(0, dtype=torch.uint8, device=device)
 
 
 def encode(
@@ -418,12 +425,17 @@ KNOWN_FORMATS = ("delta16", "int32")
 
 
 def encode_known(
-    values: torch.Tensor, local: torch.Tensor, gaps: torch.Tensor, counts: list[int], words: list[int], fmt: WireFormat
+    values: torch.Tensor,
+    local: torch.Tensor | None,
+    gaps: torch.Tensor | None,
+    counts: list[int],
+    words: list[int],
+    fmt: WireFormat,
 ) -> torch.Tensor:
     """The message :func:`encode` writes for the same selection, made without reading the device: the
-    per-tensor value counts (and, for delta16, the words they take) come from the host. ``values`` and
-    ``local`` (positions within their tensors) are tensor after tensor, each tensor's ascending; ``gaps`` are
-    :func:`_gaps` of ``local`` (delta16 only)."""
+    per-tensor value counts (and, for delta16, the words they take) come from the host. ``values`` are tensor
+    after tensor, each tensor's positions ascending; int32 needs ``local`` (the positions within their tensors),
+    delta16 ``gaps`` (:func:`_gaps` of them)."""
     if fmt.indices not in KNOWN_FORMATS:
         raise ValueError(f"encode_known writes {'/'.join(KNOWN_FORMATS)} indices, not {fmt.indices!r}")
     device = values.device
@@ -435,17 +447,8 @@ def encode_known(
     elif sum(words) == sum(counts):  # no gap needs an escape word: the gaps are the words
         index = _as_bytes(gaps.to(torch.uint16))
     else:
-        escapes = torch.div(gaps - 1, _ESCAPE_GAP, rounding_mode="floor")
-        slot = torch.cumsum(escapes + 1, 0) - 1
-        coded = torch.zeros(sum(words), dtype=torch.int32, device=device)
-        coded[slot] = (gaps - escapes * _ESCAPE_GAP).to(torch.int32)
-        index = _as_bytes(coded.to(torch.uint16))
-    parts = [_as_bytes(header)]
-    for part in (vals, index):
-        parts.append(part)
-        if pad := _pad4(part.numel()) - part.numel():
-            parts.append(torch.zeros(pad, dtype=torch.uint8, device=device))
-    return torch.cat(parts)
+        index = _as_bytes(_gap_words(gaps, sum(words))[0].to(torch.uint16))
+    return _join([_as_bytes(header), vals, index], device)
 
 
 def decode_known(
@@ -499,7 +502,7 @@ def decode_known(
         before = (ends_at - w)[firsts_t] - shift_t
         return ends_at - before.repeat_interleave(counts_t, output_size=total), vals, ends
     escape = w == 0  # an escape word advances 65535 and ends no gap
-    gaps = torch.where(escape, _ESCAPE_GAP, w)
+    gaps = torch.where(escape, ESCAPE_GAP, w)
     ends_at = torch.cumsum(gaps, 0)
     before = (ends_at - gaps)[firsts_t].repeat_interleave(table[3 * R * T :], output_size=n_words)
     local = (ends_at - before)[torch.argsort(escape.to(torch.uint8), stable=True)[:total]]

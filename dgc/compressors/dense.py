@@ -7,15 +7,15 @@ from typing import ClassVar
 
 import torch
 
-from dgc.bucket import Bucket, Buckets
+from dgc.bucket import Buckets
 from dgc.comm import Comm
 from dgc.compressors.base import Compressor, CompressorConfig, Item, Phases, register
 from dgc.wire import DTYPES
 
 
-def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.dtype, bucket: Bucket) -> None:
-    """Average the items' gradients with one allreduce of their concatenation in ``dtype`` (made in ``bucket``,
-    a :class:`~dgc.bucket.Bucket` of these items)."""
+def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.dtype, buckets: Buckets) -> None:
+    """Average the items' gradients with one allreduce of their concatenation in ``dtype`` (made in the bucket of
+    ``buckets`` for these items)."""
     if not items:
         return
     if not comm.collective and dtype == items[0].grad.dtype:
@@ -23,6 +23,7 @@ def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.
         comm.traffic.add(sum(it.grad.numel() for it in items) * dtype.itemsize, 0)
         return
     with phases("compress"):
+        bucket = buckets.of("dense", items)
         flat = bucket.gather(items).to(dtype)
     comm.allreduce_mean_(flat)
     with phases("decompress"):
@@ -50,8 +51,7 @@ class Dense(Compressor):
         self.buckets = Buckets()
 
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
-        if items:
-            allreduce_dense(items, comm, phases, DTYPES[self.dtype_name], self.buckets.of("dense", items))
+        allreduce_dense(items, comm, phases, DTYPES[self.dtype_name], self.buckets)
 
 
 @dataclass

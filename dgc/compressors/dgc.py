@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from dgc import kernels, segselect, wire
-from dgc.bucket import Bucket, Layout
+from dgc.bucket import Bucket, Buckets
 from dgc.comm import Comm
 from dgc.compressors.base import Item, Stochastic, check_int, check_number, register
 from dgc.compressors.sparse import SparseCompressor, SparseConfig
@@ -98,9 +98,8 @@ class DGC(Stochastic, SparseCompressor):
         self.scratch = Scratch()
         #: per tensor: [threshold, steps since it was sampled, density it was sampled for]
         self.thresholds: dict[str, list[float]] = {}
-        #: the flat bucket of the bucketed path (:meth:`bucketed`) and its sampling plans by density
-        self._bucket: Bucket | None = None
-        self._plans: dict[float, segselect.Plan] = {}
+        #: the flat bucket of the bucketed path (:meth:`bucketed`)
+        self.buckets = Buckets()
 
     @property
     def owns_momentum(self) -> bool:
@@ -268,12 +267,9 @@ class DGC(Stochastic, SparseCompressor):
         )
 
     def _bucket_of(self, items: list[Item]) -> Bucket:
-        layout = Layout.of(items)
-        if self._bucket is None or self._bucket.layout != layout:
-            self._bucket = Bucket(layout)
-            self._plans = {}
-        self._bucket.adopt(self.state, ("u", "v") if self.momentum_correction else ("v",))
-        return self._bucket
+        bucket = self.buckets.of("dgc", items)
+        bucket.adopt(self.state, ("u", "v") if self.momentum_correction else ("v",))
+        return bucket
 
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
         if not items or not self.bucketed(items):
@@ -282,8 +278,7 @@ class DGC(Stochastic, SparseCompressor):
         density = self.density()
         with phases("compress"):
             bucket = self._bucket_of(items)
-            g = bucket.grad
-            torch._foreach_copy_(bucket.grad_views, [it.grad for it in items])
+            g = bucket.gather(items)
             v = bucket.buffers["v"]
             u = bucket.buffers.get("u")
             momentum, nesterov = items[0].momentum, items[0].nesterov
@@ -295,9 +290,9 @@ class DGC(Stochastic, SparseCompressor):
             else:
                 torch.add(g, u, alpha=momentum, out=u)
                 v.add_(u)
-            plan = self._plans.get(density)
+            plan = bucket.plans.get(density)
             if plan is None:
-                plan = self._plans[density] = segselect.Plan(
+                plan = bucket.plans[density] = segselect.Plan(
                     bucket, density, self.sample_ratio, self.lower_bound, self.max_adaptations
                 )
             sel = segselect.select(v, bucket, plan, self.generator)
@@ -322,7 +317,7 @@ class DGC(Stochastic, SparseCompressor):
             phases.counters["selection_retries"] += sel.retries
             phases.counters["values_sent"] += sum(sel.counts)
             phases.counters["values_target"] += sum(plan.k)
-            local = sel.positions - bucket.offsets_t[sel.tensors] if self.wire.indices == "int32" else sel.positions
+            local = sel.positions - bucket.offsets_t[sel.tensors] if self.wire.indices == "int32" else None
             message = wire.encode_known(values, local, sel.gaps, sel.counts, sel.words, self.wire)
         rows, _ = comm.allgather_bytes(message)
         with phases("decompress"):
@@ -331,14 +326,13 @@ class DGC(Stochastic, SparseCompressor):
             if comm.world_size > 1:
                 received.div_(comm.world_size)
             g.zero_()
-            if len(ends) == 1:
+            if len(ends) == 1:  # one worker: no slicing
                 g.index_add_(0, positions, received)
-            start = 0
-            for end in ends if len(ends) > 1 else ():  # worker after worker: duplicates sum in worker order
-                if end > start:
-                    g.index_add_(0, positions[start:end], received[start:end])
-                start = end
-            torch._foreach_copy_([it.grad for it in items], bucket.grad_views)
+            else:  # worker after worker: duplicates sum in worker order, on every device
+                for start, end in zip([0, *ends[:-1]], ends):
+                    if end > start:
+                        g.index_add_(0, positions[start:end], received[start:end])
+            bucket.scatter(items)
 
     # -- state ---------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
