@@ -582,7 +582,7 @@ def test_powersgd_error_feedback_accumulates_the_residual():
         # reference: M = g + e; P = M Q; P orthonormalized; Q = M^T P; update P Q^T; e = M - P Q^T
         matrix = g + error
         if q is None:
-            q = comp._initial_q(item, m, rank)
+            q = comp._initial_q("w", m, rank, g)
         p = torch.linalg.qr(matrix @ q).Q
         q = matrix.t() @ p
         approx = p @ q.t()

@@ -5,6 +5,13 @@ Per tensor: optionally clip g to ``clip_sigma`` standard deviations; the scale
 paper's scaler sharing); each entry becomes ``s * sign(g) * b`` with
 ``b ~ Bernoulli(|g| / s)``, an unbiased estimate. The ternary codes are packed
 four to a byte (:mod:`dgc.bits`) and allgathered; every worker sums them and divides by N.
+
+The tensors are laid end to end in one flat bucket (:mod:`dgc.bucket`), so a step is a fixed number of
+operations whatever the number of tensors: the per-tensor statistics are segment reductions
+(``torch.segment_reduce`` for the sums of the standard deviation, one ``_foreach_norm`` for the maxima),
+expanded back over the bucket with ``repeat_interleave`` at a known output size (no host synchronization),
+and one random draw, one packing and one unpacking serve every tensor. The codes of all tensors are packed
+as one stream (padding only at its end).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 
 from dgc import bits
+from dgc.bucket import Bucket, Buckets
 from dgc.comm import Comm
 from dgc.compressors.base import CompressorConfig, Item, Stochastic, register
 from dgc.timing import Phases
@@ -43,33 +51,48 @@ class TernGrad(Stochastic):
     def __init__(self, config: TernGradConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
         self.clip_sigma = self.config.clip_sigma
+        self.buckets = Buckets()
 
     def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
         if not items:
             return
         with phases("compress"):
-            grads = [it.grad.view(-1) for it in items]
+            bucket = self.buckets.of("terngrad", items)
+            x = bucket.gather(items)
             if self.clip_sigma is not None:
-                for g in grads:
-                    if g.numel() > 1:
-                        bound = float(self.clip_sigma * g.std())
-                        g.clamp_(-bound, bound)
-            scales = torch.stack([g.abs().max() for g in grads]).to(torch.float32)
+                bound = _expand(self.clip_sigma * _segment_std(x, bucket), bucket)
+                torch.clamp(x, -bound, bound, out=x)
+            # per tensor max |g|: the inf-norm of each tensor, one dispatch
+            scales = torch.stack(torch._foreach_norm(bucket.grad_views, float("inf"))).to(torch.float32)
         comm.allreduce_max_(scales)
         with phases("compress"):
-            packed = []
-            for g, s in zip(grads, scales):
-                prob = g.abs() / s.clamp_min(1e-30)
-                rand = torch.rand(g.numel(), generator=self.generator_on(g.device), device=g.device)
-                codes = (torch.sign(g) * (rand < prob)).to(torch.int8) + 1
-                packed.append(bits.pack(codes, 2))
-            message = torch.cat(packed)
-            phases.counters["values_sent"] += sum(g.numel() for g in grads)
+            prob = x.abs().div_(_expand(scales.clamp_min(1e-30).to(x.dtype), bucket))
+            rand = torch.rand(x.numel(), generator=self.generator_on(x.device), device=x.device)
+            codes = (torch.sign(x) * (rand < prob)).to(torch.int8).add_(1)
+            message = bits.pack(codes, 2)
+            phases.counters["values_sent"] += x.numel()
         rows = comm.allgather(message)
         with phases("decompress"):
-            start = 0
-            for g, s, p in zip(grads, scales, packed):
-                codes = bits.unpack(rows[:, start : start + p.numel()], g.numel(), 2)
-                total = codes.to(g.dtype).sum(0) - rows.shape[0]  # codes are t + 1
-                g.copy_(total.mul_(s / rows.shape[0]))
-                start += p.numel()
+            workers = rows.shape[0]
+            # codes are t + 1: their sum over workers, less one per worker, is the sum of the ternary values
+            total = bits.unpack(rows, x.numel(), 2).sum(0, dtype=x.dtype).sub_(workers)
+            total.mul_(_expand((scales / workers).to(x.dtype), bucket))
+            bucket.scatter(items, total)
+
+
+def _expand(per_tensor: torch.Tensor, bucket: Bucket) -> torch.Tensor:
+    """A value per tensor repeated over that tensor's part of the bucket."""
+    return per_tensor.repeat_interleave(bucket.numels_t, output_size=bucket.layout.total)
+
+
+def _segment_std(x: torch.Tensor, bucket: Bucket) -> torch.Tensor:
+    """Each tensor's standard deviation (unbiased, two passes), ``inf`` for a tensor of one value (not clipped).
+
+    Summed in float64: a segment reduction adds its values in order (on the CPU), and a float32 sum of a few
+    million values in order is off by ~1e-4 of itself; in float64 the result is ``torch.std``'s to its rounding."""
+    n = bucket.numels_t.to(torch.float64)
+    x64 = x.to(torch.float64, copy=True)
+    mean = torch.segment_reduce(x64, "sum", lengths=bucket.numels_t).div_(n)
+    dev = x64.sub_(_expand(mean, bucket)).square_()
+    var = torch.segment_reduce(dev, "sum", lengths=bucket.numels_t).div_(n - 1)
+    return torch.where(bucket.numels_t > 1, var.sqrt_(), torch.inf).to(x.dtype)
