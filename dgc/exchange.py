@@ -5,9 +5,11 @@
 * ``hierarchical``: the ranks of a machine first average their gradients densely over the fast local
   bus (a reduce-scatter: local rank i owns the i-th 1/R of the flattened compressed tensors), each
   owner runs the compressor on its shard (momentum and residual live there; the selection cost is split
-  R ways) and exchanges it sparsely with the owners of the same shard on the other machines (a ``flat``
-  exchange among M machines), and the ranks of a machine share the result's nonzero entries (an allgather
-  of about M * k / R entries per rank, not of the dense shard). Each machine
+  R ways) and exchanges it with the owners of the same shard on the other machines (a ``flat``
+  exchange among M machines), and the ranks of a machine share the result: a sparse compressor's nonzero
+  entries (an allgather of about M * k / R entries per rank, not of the dense shard), any other
+  compressor's dense shard (the dense, fp16, TernGrad and QSGD compressors work on any part of a tensor).
+  PowerSGD needs whole matrices (``Compressor.shardable`` is False) and is refused with R > 1. Each machine
   is one DGC worker: the network carries M messages per shard instead of M * R. The tensors left dense
   (biases, BatchNorm) go the same way: reduce-scatter inside, an allreduce of each shard between the
   machines, allgather inside. With one rank per machine it is exactly ``flat``. The local bus
@@ -142,9 +144,10 @@ class Hierarchical(Exchange):
         return self.local.reduce_scatter_mean(flat)
 
     def check(self, compressor: Compressor) -> None:
-        if not isinstance(compressor, SparseCompressor):
+        if not compressor.shardable and self.topology.ranks_per_node > 1:
             raise ValueError(
-                f"exchange=hierarchical is for the sparse compressors (dgc, topk), not {compressor.name!r}"
+                f"exchange=hierarchical cuts the tensors into one shard per rank of a machine, and {compressor.name!r} "
+                "needs whole tensors: use exchange=flat (or ranks_per_node=1)"
             )
 
     def run(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
@@ -157,6 +160,9 @@ class Hierarchical(Exchange):
         shard = self._mean_shard("sparse", items, items[0].grad.dtype, phases)  # this rank's 1/R of the mean
         lo = self.topology.local_rank * shard.numel()
         compressor.exchange(_pieces(items, lo, lo + shard.numel(), shard), self.cross, phases)
+        if not isinstance(compressor, SparseCompressor):  # a dense result: the machine's ranks share the shards
+            self._share("sparse", shard, items, phases)
+            return
         if self.bus is not None:  # the machine's ranks read each other's averaged shards from shared memory
             whole = self.bus.share("sparse")
             with phases("decompress"):
@@ -187,7 +193,11 @@ class Hierarchical(Exchange):
             return
         shard = self._mean_shard("dense", items, dtype, phases)
         self.cross.allreduce_mean_(shard)
-        whole = self.bus.share("dense") if self.bus is not None else self.local.allgather(shard).view(-1)
+        self._share("dense", shard, items, phases)
+
+    def _share(self, key: str, shard: torch.Tensor, items: list[Item], phases: Phases) -> None:
+        """Every rank of the machine gets every rank's (dense) shard, written back into the items' gradients."""
+        whole = self.bus.share(key) if self.bus is not None else self.local.allgather(shard).view(-1)
         with phases("decompress"):
             copy_back(items, whole.to(items[0].grad.dtype))
 
