@@ -35,6 +35,9 @@ start() {
     fi
     echo "background sweep at ${commit:0:12}: installing its .venv (uv cache)"
     make -C "$TREE" install > "$BG/install.log" 2>&1 || { echo "install failed: $BG/install.log"; exit 1; }
+    # the corpora the tables need (kjv_lstm, synth_deepspeech), built once where the runs read them
+    echo "background sweep: data sets under ${DGC_DATA:-$ROOT/data} (make data: skipped when present, ~2 min otherwise)"
+    make -C "$TREE" data DATA="${DGC_DATA:-$ROOT/data}" >> "$BG/install.log" 2>&1 || { echo "make data failed: $BG/install.log"; exit 1; }
     local queue=("$@"); [[ ${#queue[@]} -gt 0 ]] || read -ra queue <<< "$QUEUE"
     printf '%s\n' "${queue[@]}" > "$BG/queue"
     # one session of its own (setsid): `stop` signals the whole group, torchrun and its ranks included
@@ -45,8 +48,10 @@ start() {
         for item in "$@"; do
             table=${item%%:*}; only=(); [[ $item == *:* ]] && only=(--only "${item#*:}")
             echo "[bg] $(date -Is) $table ${only[*]}"
+            rc=0
             .venv/bin/python -m dgc.repro.sweep "$table" --launcher local --skip-done --no-report "${only[@]}" \
-                --runs-root "$root/results/runs" || { echo "[bg] $(date -Is) stopped: rc $?"; exit 1; }
+                --runs-root "$root/results/runs" || rc=$?
+            if [[ $rc != 0 ]]; then echo "[bg] $(date -Is) stopped: rc $rc"; exit 1; fi
         done
         echo "[bg] $(date -Is) queue done"; rm -f "$bg/commit"' _ "$TREE" "$BG" "$ROOT" "${queue[@]}" \
         >> "$BG/log" 2>&1 < /dev/null &

@@ -76,7 +76,7 @@ class PowerSGD(Compressor):
         self.warm_start = bool(self.config.warm_start)
         self.seed = int(self.config.seed)
         self.buckets = Buckets()
-        self._plans: dict[str, _Plan] = {}
+        self._last_plan: _Plan | None = None
 
     def _low_rank(self, item: Item) -> bool:
         n, m = _matrix_shape(item.grad)
@@ -93,9 +93,9 @@ class PowerSGD(Compressor):
         """The buffers and views of these tensors (made again when they change), with the state adopted."""
         bucket = self.buckets.of("powersgd", low) if low else None
         dense_layout = Layout.of(dense) if dense else None
-        plan = self._plans.get("powersgd")
+        plan = self._last_plan
         if plan is None or plan.bucket is not bucket or plan.dense_layout != dense_layout:
-            plan = self._plans["powersgd"] = _Plan(bucket, dense_layout, self.rank_r, self)
+            plan = self._last_plan = _Plan(bucket, dense_layout, self.rank_r, self)
         if bucket is not None:
             if self.error_feedback:
                 bucket.adopt(self.state, ("error",))
