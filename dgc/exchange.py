@@ -46,21 +46,29 @@ from dgc.compressors.base import Compressor, Item, copy_back
 from dgc.compressors.dense import allreduce_dense
 from dgc.compressors.sparse import SparseCompressor
 from dgc.localbus import LOCAL_BUSES, SharedMemoryBus, SharedMemoryError
+from dgc.registry import Registry
 from dgc.select import target_count
 from dgc.timing import Phases
 from dgc.topology import Topology
 
-EXCHANGES = ("flat", "hierarchical", "sparse_allreduce")
+#: the exchanges by name (each class registers itself)
+EXCHANGES: Registry[type[Exchange]] = Registry("exchange")
 
 
+@EXCHANGES.register
 class Exchange:
-    """Runs a compressor's exchange of the compressed tensors over some communicators."""
+    """Runs a compressor's exchange of the compressed tensors over some communicators (``flat``: the paper's)."""
 
     name: ClassVar[str] = "flat"
 
     def __init__(self, comm: Comm):
         self.comm = comm
         self.buckets = Buckets()
+
+    @classmethod
+    def build(cls, comm: Comm, ranks_per_node: int | None, local_bus: str) -> Exchange:
+        """This exchange over ``comm``'s workers, from the options every exchange is given."""
+        return cls(comm)
 
     def check(self, compressor: Compressor) -> None:
         """Refuse a compressor this exchange cannot carry (ValueError naming what can)."""
@@ -93,10 +101,15 @@ def _pieces(items: list[Item], lo: int, hi: int, shard: torch.Tensor) -> list[It
     return out
 
 
+@EXCHANGES.register
 class Hierarchical(Exchange):
     """Dense inside a machine, sparse between machines (see the module docstring)."""
 
     name: ClassVar[str] = "hierarchical"
+
+    @classmethod
+    def build(cls, comm: Comm, ranks_per_node: int | None, local_bus: str) -> Exchange:
+        return cls(comm, Topology.build(ranks_per_node), local_bus)  # the topology's groups: every rank calls
 
     def __init__(self, comm: Comm, topology: Topology, local_bus: str = "auto"):
         super().__init__(comm)
@@ -202,6 +215,7 @@ class Hierarchical(Exchange):
             copy_back(items, whole.to(items[0].grad.dtype))
 
 
+@EXCHANGES.register
 class SparseAllreduce(Exchange):
     """Regions of the index space reduced at their owners, re-sparsified, shared (see the module docstring)."""
 
@@ -319,13 +333,7 @@ def _scatter_sorted(
 def build_exchange(name: str, comm: Comm, ranks_per_node: int | None = None, local_bus: str = "auto") -> Exchange:
     """The exchange ``name`` over ``comm``'s workers (the topology's groups are made here: call on every rank);
     ``ranks_per_node`` and ``local_bus`` (:data:`dgc.localbus.LOCAL_BUSES`) are for ``hierarchical``."""
-    if name == "flat":
-        return Exchange(comm)
-    if name == "hierarchical":
-        return Hierarchical(comm, Topology.build(ranks_per_node), local_bus)
-    if name == "sparse_allreduce":
-        return SparseAllreduce(comm)
-    raise ValueError(f"unknown exchange {name!r}; valid: {', '.join(EXCHANGES)}")
+    return EXCHANGES.pick(name).build(comm, ranks_per_node, local_bus)
 
 
 __all__ = ["EXCHANGES", "Exchange", "Hierarchical", "SparseAllreduce", "build_exchange"]

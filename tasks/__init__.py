@@ -5,27 +5,21 @@
 
 from __future__ import annotations
 
-import importlib
-
 from dgc.tasks.base import Task
 
 from dgc.distributed import DistInfo
+from dgc.registry import Registry
 from dgc.repro.config import Config
 
-#: task family -> "module:class", imported on use
-TASK_KINDS = {
-    "image": "dgc.tasks.classification:ImageClassification",
-    "language": "dgc.tasks.language_modeling:LanguageModeling",
-    "speech": "dgc.tasks.speech_recognition:SpeechRecognition",
-}
+#: task families by ``task.kind``, each imported on first use (their modules import data and model code)
+TASK_KINDS: Registry[type[Task]] = Registry("task kind")
+TASK_KINDS.lazy("image", "dgc.tasks.classification:ImageClassification")
+TASK_KINDS.lazy("language", "dgc.tasks.language_modeling:LanguageModeling")
+TASK_KINDS.lazy("speech", "dgc.tasks.speech_recognition:SpeechRecognition")
 
 
 def build_task(cfg: Config, info: DistInfo) -> Task:
-    kind = cfg.task.kind
-    if kind not in TASK_KINDS:
-        raise ValueError(f"unknown task kind {kind!r}; valid: {', '.join(TASK_KINDS)}")
-    module, cls = TASK_KINDS[kind].split(":")
-    return getattr(importlib.import_module(module), cls)(cfg, info)
+    return TASK_KINDS.pick(cfg.task.kind)(cfg, info)
 
 
 __all__ = ["TASK_KINDS", "Task", "build_task"]

@@ -22,6 +22,8 @@ import torchvision
 from dgc.tasks.rnn_models import deepspeech, lstm_lm
 from torch import nn
 
+from dgc.registry import Registry
+
 
 class _Block(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int):
@@ -110,25 +112,18 @@ def torchvision_model(arch: str = "resnet50", num_classes: int = 1000, zero_init
     return torchvision.models.get_model(arch, weights=None, **kwargs)
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {
-    "resnet_cifar": resnet_cifar,
-    "torchvision": torchvision_model,
-    "fmnist_wide": FmnistWide,
-    "lstm_lm": lstm_lm,
-    "deepspeech": deepspeech,
-}
-
-
-def register_model(name: str, builder: Callable[..., nn.Module]) -> None:
-    MODELS[name] = builder
+#: model builders by ``model.name`` (``MODELS.add(name, builder)`` adds one)
+MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
+for _name, _builder in (("resnet_cifar", resnet_cifar), ("torchvision", torchvision_model),
+                        ("fmnist_wide", FmnistWide), ("lstm_lm", lstm_lm), ("deepspeech", deepspeech)):  # fmt: skip
+    MODELS.add(_name, _builder)
 
 
 def build_model(name: str, **args: Any) -> nn.Module:
     """Build a model; unknown names or arguments raise a ValueError naming the valid ones."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; valid: {', '.join(sorted(MODELS))}")
-    valid = list(inspect.signature(MODELS[name]).parameters)
+    builder = MODELS.pick(name)
+    valid = list(inspect.signature(builder).parameters)
     unknown = sorted(set(args) - set(valid))
     if unknown:
         raise ValueError(f"model {name!r} has no argument {', '.join(unknown)}; valid: {', '.join(valid)}")
-    return MODELS[name](**args)
+    return builder(**args)

@@ -22,6 +22,7 @@ import torch
 
 from dgc import seeding
 from dgc.comm import Comm
+from dgc.registry import Registry
 from dgc.timing import Phases
 
 
@@ -203,7 +204,7 @@ def copy_back(items: list[Item], flat: torch.Tensor) -> None:
 
 # -- the registry -------------------------------------------------------------------
 #: compressor classes by name (filled by :func:`register`; every module of this package is imported)
-COMPRESSORS: dict[str, type[Compressor]] = {}
+COMPRESSORS: Registry[type[Compressor]] = Registry("compressor")
 
 
 def register(cls: type[Compressor]) -> type[Compressor]:
@@ -211,16 +212,11 @@ def register(cls: type[Compressor]) -> type[Compressor]:
     default = next(f.default for f in fields(cls.config_class) if f.name == "name")
     if default != cls.name:
         raise TypeError(f"{cls.__name__}.config_class must default name to {cls.name!r}, not {default!r}")
-    if cls.name in COMPRESSORS and COMPRESSORS[cls.name] is not cls:
-        raise TypeError(f"two compressors are named {cls.name!r}")
-    COMPRESSORS[cls.name] = cls
-    return cls
+    return COMPRESSORS.register(cls)
 
 
 def compressor_class(name: str) -> type[Compressor]:
-    if name not in COMPRESSORS:
-        raise ValueError(f"unknown compressor {name!r}; valid: {', '.join(COMPRESSORS)}")
-    return COMPRESSORS[name]
+    return COMPRESSORS.pick(name)
 
 
 def config_class(name: str) -> type[CompressorConfig]:
