@@ -11,7 +11,10 @@ try:
     from dgc.compressors import COMPRESSORS, CompressorConfig, build_compressor
     from dgc.hook import HookState, ddp_comm_hook
     from dgc.optim import SGD
-    from dgc.sync import GradientSync, Policy, StepStats, SyncConfig
+    from dgc.policy import Policy
+    from dgc.stats import StepStats
+    from dgc.sync import GradientSync
+    from dgc.sync_config import SyncConfig
 except ModuleNotFoundError as _missing:
     # ``python -m dgc.<command>`` (sys.argv[0] is "-m" while the package loads) with a Python that lacks the
     # project's environment: one line saying which, not a traceback; an ``import dgc`` gets the ImportError

@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -52,103 +51,12 @@ from dgc.comm import Comm
 from dgc.compressors import Compressor
 from dgc.compressors.base import Item
 from dgc.compressors.onebit import OneBit
-from dgc.exchange import EXCHANGES, Exchange, build_exchange
-from dgc.localbus import LOCAL_BUSES
+from dgc.exchange import Exchange, build_exchange
+from dgc.guard import StepGuard
+from dgc.policy import Policy
+from dgc.stats import StepStats
 from dgc.timing import Phases
 from dgc.wire import DTYPES
-
-#: how the tensors the policy leaves dense are exchanged
-DENSE_VALUES = (*DTYPES, "1bit")
-#: what a worker can ask all workers to do at the next step boundary (:meth:`GradientSync.request`)
-REQUESTS = ("stop", "checkpoint")
-
-
-@dataclass
-class Policy:
-    """Which tensors are compressed: ``ndim >= min_ndim`` and ``numel >= min_numel``.
-
-    The default is the paper's: weights of convolutions and linear layers (dim > 1) compressed;
-    biases and BatchNorm parameters sent dense, in ``dense_values``: fp32, fp16 or bf16 (an
-    allreduce), or ``1bit`` (signs and one scale per tensor, with error feedback:
-    :mod:`dgc.compressors.onebit`).
-    """
-
-    min_ndim: int = 2
-    min_numel: int = 1
-    dense_values: str = "fp32"
-
-    def __post_init__(self) -> None:
-        if self.min_ndim < 0 or self.min_numel < 0:
-            raise ValueError("policy min_ndim and min_numel must be >= 0")
-        if self.dense_values not in DENSE_VALUES:
-            raise ValueError(f"policy dense_values must be one of {list(DENSE_VALUES)}, got {self.dense_values!r}")
-
-    def compresses(self, param: torch.Tensor) -> bool:
-        return param.dim() >= self.min_ndim and param.numel() >= self.min_numel
-
-
-@dataclass
-class SyncConfig:
-    """How a :class:`GradientSync` treats the gradients around its compressor (the ``sync`` config)."""
-
-    #: local gradient clipping: the clip of the averaged gradient; each worker clips at clip_norm * N**0.5; null: off
-    clip_norm: float | None = None
-    policy: Policy = field(default_factory=Policy)
-    #: exchange through DDP's communication hook instead of after backward() (trainer)
-    ddp_hook: bool = False
-    #: how the compressed tensors travel: flat | hierarchical | sparse_allreduce (:mod:`dgc.exchange`), or auto:
-    #: the one the calibrated cost model (``costmodel``) predicts fastest for this run at ``bandwidth``
-    exchange: str = "flat"
-    #: ranks per machine for exchange=hierarchical (null: from the launcher, LOCAL_WORLD_SIZE or Slurm)
-    ranks_per_node: int | None = None
-    #: exchange=hierarchical, how a machine's ranks share data: auto (shared memory for CPU tensors when it
-    #: works, else the process group), shm, group (:mod:`dgc.localbus`)
-    local_bus: str = "auto"
-    #: what the compressor's momentum and residual accumulate: gradients (the paper's), or updates: gradients
-    #: times the learning rate of their step (what waits keeps its rate when the rate drops; needs dgc.SGD)
-    accumulate: str = "gradients"
-    #: exchange=auto: the network rate per machine (a tc rate: 1gbit, 10gbit, 25gbit)
-    bandwidth: str = "1gbit"
-    #: exchange=auto: the report of ``python -m dgc.costmodel`` (make bench-cluster writes this one)
-    costmodel: str = "results/bench/costmodel.json"
-
-    def __post_init__(self) -> None:
-        check_clip_norm(self.clip_norm)
-        if self.exchange not in (*EXCHANGES, "auto"):
-            raise ValueError(f"sync.exchange must be one of {', '.join(EXCHANGES)}, auto; got {self.exchange!r}")
-        from dgc.costmodel import rate_bytes
-
-        rate_bytes(self.bandwidth)  # ValueError naming the valid units
-        if self.ranks_per_node is not None and self.ranks_per_node < 1:
-            raise ValueError(f"sync.ranks_per_node must be >= 1 or null, got {self.ranks_per_node}")
-        if self.local_bus not in LOCAL_BUSES:
-            raise ValueError(f"sync.local_bus must be one of {', '.join(LOCAL_BUSES)}, got {self.local_bus!r}")
-        check_accumulate(self.accumulate)
-
-    def build(self, model: Any, compressor: Compressor, comm: Comm | None = None) -> GradientSync:
-        exchange, reason = self.exchange, ""
-        if exchange == "auto":
-            exchange, reason = self.choose(model, compressor, comm)
-        sync = GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
-                            exchange=exchange, ranks_per_node=self.ranks_per_node,
-                            local_bus=self.local_bus, accumulate=self.accumulate)  # fmt: skip
-        sync.exchange_reason = reason
-        return sync
-
-    def choose(self, model: Any, compressor: Compressor, comm: Comm | None) -> tuple[str, str]:
-        """exchange=auto: ``(exchange, why)`` from the calibrated cost model (flat for dense compressors)."""
-        from dgc.compressors.sparse import SparseCompressor
-        from dgc.costmodel import auto_exchange
-        from dgc.topology import ranks_per_node_from_env
-
-        if not isinstance(compressor, SparseCompressor):
-            return "flat", f"exchange=auto: {compressor.name} is not a sparse compressor: flat"
-        world = (comm or Comm()).world_size
-        numel = sum(p.numel() for p in model.parameters() if p.requires_grad and self.policy.compresses(p))
-        r = self.ranks_per_node or ranks_per_node_from_env()
-        best, why = auto_exchange(self.costmodel, numel, world, r, self.bandwidth, compressor.config.density)
-        return best, f"exchange=auto chose {best}: {why}"
-
 
 #: ``accumulate``: what the compressed tensors' momentum and residual hold
 ACCUMULATE = ("gradients", "updates")
@@ -176,44 +84,6 @@ class Hyper(Protocol):
     def learning_rate(self, param: torch.Tensor) -> float:
         """The learning rate ``param`` is stepped with now (``accumulate="updates"``)."""
         ...
-
-
-@dataclass
-class StepStats:
-    """What one exchange did, from this worker's point of view."""
-
-    step: int
-    epoch: float
-    density: float
-    dense_bytes: int  # fp32 size of the whole gradient
-    sent_bytes: int  # bytes this worker put into collectives
-    recv_bytes: int
-    collectives: int
-    #: of ``sent_bytes``, what the tensors the policy leaves dense took (allreduce, or the 1-bit allgather)
-    dense_sent_bytes: int = 0
-    values_sent: int = 0
-    compressed_numel: int = 0
-    compress_s: float = 0.0
-    communicate_s: float = 0.0
-    decompress_s: float = 0.0
-    counters: dict[str, int] = field(default_factory=dict)
-    #: some worker's gradient was not finite: nothing was exchanged or accumulated, the gradients are zero
-    skipped: bool = False
-    #: what any worker requested before this step (:meth:`GradientSync.request`), agreed by all
-    requests: tuple[str, ...] = ()
-    #: the agreement on non-finite gradients and requests (one byte per flag; not part of ``sent_bytes``)
-    control_bytes: int = 0
-    #: bytes this worker put on its machine's local bus (exchange=hierarchical; not part of ``sent_bytes``)
-    local_bytes: int = 0
-
-    @property
-    def wire_ratio(self) -> float:
-        return self.dense_bytes / self.sent_bytes if self.sent_bytes else math.inf
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["wire_ratio"] = self.wire_ratio
-        return out
 
 
 class GradientSync:
@@ -287,13 +157,12 @@ class GradientSync:
             self.dense_compressor = OneBit()
             self.dense_compressor.bind(self.comm)
         self.timing = timing
-        self.check_finite = check_finite
         self.optimizer: Hyper | None = None
         self.steps = 0
         self.last: StepStats | None = None
         #: whether load_state_dict restored this sync's state (dgc.SGD warns on a resume without it)
         self.restored = False
-        self._requested: set[str] = set()
+        self.guard = StepGuard(self.comm, check_finite)
         self._epoch_set = False
 
     # -- configuration -------------------------------------------------------------
@@ -318,11 +187,9 @@ class GradientSync:
         self.compressor.set_epoch(epoch)
 
     def request(self, what: str) -> None:
-        """Ask every worker to see ``what`` (one of :data:`REQUESTS`) in the next step's
+        """Ask every worker to see ``what`` (one of :data:`dgc.guard.REQUESTS`) in the next step's
         :attr:`StepStats.requests`. Safe to call from a signal handler."""
-        if what not in REQUESTS:
-            raise ValueError(f"unknown request {what!r}; valid: {', '.join(REQUESTS)}")
-        self._requested.add(what)
+        self.guard.request(what)
 
     def name_of(self, param: torch.Tensor) -> str:
         try:
@@ -366,12 +233,11 @@ class GradientSync:
         self.comm.reset_traffic()
         grads = [g for _, g in pairs]
         with phases("compress"):
-            # one dispatch for every tensor's norm; whether one is not finite stays on the device until the
-            # agreement below reads it with the requests (one host read for both)
-            norms = list(torch._foreach_norm(grads)) if grads and (self.check_finite or self.clip_norm) else []
-            # (a norm is >= 0: not finite is not below inf; NaN compares False)
-            bad = (torch.stack(norms) < math.inf).logical_not_().any() if self.check_finite and norms else None
-        skipped, requests = self._agree(bad)
+            # one dispatch for every tensor's norm (the clip's, and the guard's check); whether one is not finite
+            # stays on the device until the agreement reads it with the requests (one host read for both)
+            norms = list(torch._foreach_norm(grads)) if grads and (self.guard.check_finite or self.clip_norm) else []
+            bad = self.guard.not_finite(norms)
+        skipped, requests = self.guard.agree(bad)
         control = self.comm.reset_traffic().sent  # not gradient traffic: reported apart
         if skipped:
             torch._foreach_zero_(grads)
@@ -415,16 +281,6 @@ class GradientSync:
         with phases("compress"):
             torch._foreach_mul_([it.grad for it in items], rates)
         return rates
-
-    def _agree(self, bad: torch.Tensor | None) -> tuple[bool, tuple[str, ...]]:
-        """Whether any worker's gradient was not finite (``bad``: a 0-d bool on the device, None: unchecked), and
-        what any worker requested (one small MAX)."""
-        device = self.comm.device
-        requested = torch.tensor([r in self._requested for r in REQUESTS], dtype=torch.uint8, device=device)
-        self._requested.clear()
-        flag = torch.zeros(1, dtype=torch.uint8, device=device) if bad is None else bad.to(device, torch.uint8).view(1)
-        agreed = self.comm.allreduce_max_(torch.cat([flag, requested])).tolist()
-        return bool(agreed[0]), tuple(r for r, f in zip(REQUESTS, agreed[1:]) if f)  # one host sync for all
 
     def _finish(self, pairs, compressed, phases, control, dense_sent, skipped, requests) -> StepStats:  # noqa: ANN001
         traffic = self.comm.reset_traffic()

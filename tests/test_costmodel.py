@@ -192,7 +192,7 @@ def test_sync_config_auto(tmp_path: Path) -> None:
     import torch
 
     import dgc
-    from dgc.sync import SyncConfig
+    from dgc.sync_config import SyncConfig
 
     report = report_file(tmp_path)
     model = torch.nn.Linear(1000, 1000)

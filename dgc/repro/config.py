@@ -3,7 +3,7 @@
 The entry point (:mod:`dgc.train`) composes YAML files from ``conf/`` on top of these schemas, so an
 unknown key or a wrong type fails at compose time, and turns the result into these objects for the
 trainer. ``compression`` is typed by the chosen compressor's own config dataclass
-(:class:`dgc.compressors.CompressorConfig` subclasses), ``sync`` by :class:`dgc.sync.SyncConfig`.
+(:class:`dgc.compressors.CompressorConfig` subclasses), ``sync`` by :class:`dgc.sync_config.SyncConfig`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from dgc.compressors import CompressorConfig
-from dgc.sync import SyncConfig
+from dgc.sync_config import SyncConfig
 
 
 def data_home() -> Path:

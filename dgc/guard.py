@@ -1,0 +1,49 @@
+"""The agreement before every step: whether any worker's gradient is not finite, and what any worker requested.
+
+One small MAX allreduce (a byte per flag) settles both, so that every worker skips the same steps and stops or
+checkpoints at the same step boundary; the non-finite check rides on the gradient norms the step computes
+anyway for local clipping (one ``_foreach_norm``) and is read on the host together with the requests (one host
+synchronization for both).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dgc.comm import Comm
+
+#: what a worker can ask all workers to do at the next step boundary (:meth:`GradientSync.request`)
+REQUESTS = ("stop", "checkpoint")
+
+
+class StepGuard:
+    """Non-finite gradients and requests of one :class:`~dgc.sync.GradientSync` (see the module docstring)."""
+
+    def __init__(self, comm: Comm, check_finite: bool = True) -> None:
+        self.comm = comm
+        self.check_finite = check_finite
+        self._requested: set[str] = set()
+
+    def request(self, what: str) -> None:
+        """Ask every worker to see ``what`` at the next agreement. Safe to call from a signal handler."""
+        if what not in REQUESTS:
+            raise ValueError(f"unknown request {what!r}; valid: {', '.join(REQUESTS)}")
+        self._requested.add(what)
+
+    def not_finite(self, norms: list[torch.Tensor]) -> torch.Tensor | None:
+        """Whether any of the gradients whose ``norms`` these are is not finite: a 0-d bool left on the device
+        (None when unchecked). A norm is >= 0: not finite is not below inf, and NaN compares False."""
+        if not self.check_finite or not norms:
+            return None
+        return (torch.stack(norms) < math.inf).logical_not_().any()
+
+    def agree(self, bad: torch.Tensor | None) -> tuple[bool, tuple[str, ...]]:
+        """Whether any worker's gradient was not finite, and what any worker requested (one small MAX)."""
+        device = self.comm.device
+        requested = torch.tensor([r in self._requested for r in REQUESTS], dtype=torch.uint8, device=device)
+        self._requested.clear()
+        flag = torch.zeros(1, dtype=torch.uint8, device=device) if bad is None else bad.to(device, torch.uint8).view(1)
+        agreed = self.comm.allreduce_max_(torch.cat([flag, requested])).tolist()
+        return bool(agreed[0]), tuple(r for r, f in zip(REQUESTS, agreed[1:]) if f)  # one host sync for all

@@ -1,0 +1,76 @@
+"""The ``sync`` config: how a :class:`~dgc.sync.GradientSync` treats the gradients around its compressor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dgc.comm import Comm
+from dgc.compressors import Compressor
+from dgc.exchange import EXCHANGES
+from dgc.localbus import LOCAL_BUSES
+from dgc.policy import Policy
+from dgc.sync import GradientSync, check_accumulate, check_clip_norm
+
+
+@dataclass
+class SyncConfig:
+    """How a :class:`GradientSync` treats the gradients around its compressor (the ``sync`` config)."""
+
+    #: local gradient clipping: the clip of the averaged gradient; each worker clips at clip_norm * N**0.5; null: off
+    clip_norm: float | None = None
+    policy: Policy = field(default_factory=Policy)
+    #: exchange through DDP's communication hook instead of after backward() (trainer)
+    ddp_hook: bool = False
+    #: how the compressed tensors travel: flat | hierarchical | sparse_allreduce (:mod:`dgc.exchange`), or auto:
+    #: the one the calibrated cost model (``costmodel``) predicts fastest for this run at ``bandwidth``
+    exchange: str = "flat"
+    #: ranks per machine for exchange=hierarchical (null: from the launcher, LOCAL_WORLD_SIZE or Slurm)
+    ranks_per_node: int | None = None
+    #: exchange=hierarchical, how a machine's ranks share data: auto (shared memory for CPU tensors when it
+    #: works, else the process group), shm, group (:mod:`dgc.localbus`)
+    local_bus: str = "auto"
+    #: what the compressor's momentum and residual accumulate: gradients (the paper's), or updates: gradients
+    #: times the learning rate of their step (what waits keeps its rate when the rate drops; needs dgc.SGD)
+    accumulate: str = "gradients"
+    #: exchange=auto: the network rate per machine (a tc rate: 1gbit, 10gbit, 25gbit)
+    bandwidth: str = "1gbit"
+    #: exchange=auto: the report of ``python -m dgc.costmodel`` (make bench-cluster writes this one)
+    costmodel: str = "results/bench/costmodel.json"
+
+    def __post_init__(self) -> None:
+        check_clip_norm(self.clip_norm)
+        if self.exchange not in (*EXCHANGES, "auto"):
+            raise ValueError(f"sync.exchange must be one of {', '.join(EXCHANGES)}, auto; got {self.exchange!r}")
+        from dgc.costmodel import rate_bytes
+
+        rate_bytes(self.bandwidth)  # ValueError naming the valid units
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ValueError(f"sync.ranks_per_node must be >= 1 or null, got {self.ranks_per_node}")
+        if self.local_bus not in LOCAL_BUSES:
+            raise ValueError(f"sync.local_bus must be one of {', '.join(LOCAL_BUSES)}, got {self.local_bus!r}")
+        check_accumulate(self.accumulate)
+
+    def build(self, model: Any, compressor: Compressor, comm: Comm | None = None) -> GradientSync:
+        exchange, reason = self.exchange, ""
+        if exchange == "auto":
+            exchange, reason = self.choose(model, compressor, comm)
+        sync = GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
+                            exchange=exchange, ranks_per_node=self.ranks_per_node,
+                            local_bus=self.local_bus, accumulate=self.accumulate)  # fmt: skip
+        sync.exchange_reason = reason
+        return sync
+
+    def choose(self, model: Any, compressor: Compressor, comm: Comm | None) -> tuple[str, str]:
+        """exchange=auto: ``(exchange, why)`` from the calibrated cost model (flat for dense compressors)."""
+        from dgc.compressors.sparse import SparseCompressor
+        from dgc.costmodel import auto_exchange
+        from dgc.topology import ranks_per_node_from_env
+
+        if not isinstance(compressor, SparseCompressor):
+            return "flat", f"exchange=auto: {compressor.name} is not a sparse compressor: flat"
+        world = (comm or Comm()).world_size
+        numel = sum(p.numel() for p in model.parameters() if p.requires_grad and self.policy.compresses(p))
+        r = self.ranks_per_node or ranks_per_node_from_env()
+        best, why = auto_exchange(self.costmodel, numel, world, r, self.bandwidth, compressor.config.density)
+        return best, f"exchange=auto chose {best}: {why}"
