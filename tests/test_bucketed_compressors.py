@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import zlib
 
-import pytest
 import torch
 
 from dgc import bits, seeding
@@ -135,12 +134,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "options", "exact"), CASES, ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o, _ in CASES]
-)
-def test_on_two_ranks_the_bucket_equals_the_per_tensor_definition(name, options, exact):
-    for equal in run(_both, 2, name, options, exact):
-        assert equal and all(equal), equal.index(False)
+def _every_case(rank, world):
+    return [_both(rank, world, name, options, exact) for name, options, exact in CASES]
+
+
+def test_on_two_ranks_the_bucket_equals_the_per_tensor_definition():
+    for per_rank in run(_every_case, 2):  # one pair of processes for every case
+        for (name, options, _), equal in zip(CASES, per_rank, strict=True):
+            assert equal and all(equal), (name, options, equal.index(False))
 
 
 def test_powersgd_groups_matrices_by_shape_and_keeps_state_by_name():
