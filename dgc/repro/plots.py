@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import io
 import textwrap
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dgc.repro.tables import HEADLINE, METRICS, VALIDATION, Row, Table
-
-if TYPE_CHECKING:
-    from dgc.repro.report import Run
+from dgc.repro.tables import HEADLINE, METRICS, VALIDATION, Row, Run, Table
 
 
 def sd(values: list[float]) -> float | None:

@@ -30,7 +30,6 @@ import io
 import json
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,8 @@ import yaml
 from dgc import atomic
 from dgc.repro import checkpoint, plots
 from dgc.repro.rundir import MULTIRUN_RECORD, read_records
-from dgc.repro.tables import HEADLINE, METRICS, TABLES, Paper, Row, Table, get_table
+from dgc.repro.tables import HEADLINE, METRICS, TABLES, Paper, Row, Run, Table, get_table
 
-MB = 2.0**20
 #: where the Makefile (and the shipped tables) keep the runs and the reports
 MAKE_RUNS_ROOT, MAKE_OUT = "results/runs", "results"
 #: settings that do not change what a run computes: never part of a run directory's label
@@ -53,35 +51,6 @@ NOT_IN_LABELS = (
 
 class ReportError(Exception):
     """A run is missing or unreadable (one line, naming it)."""
-
-
-@dataclass
-class Run:
-    row: Row
-    run_dir: Path
-    summary: dict[str, Any]
-    kind: str
-    evals: list[dict[str, Any]]
-
-    @property
-    def headline(self) -> str:
-        return HEADLINE.get(self.kind, "top1")
-
-    def metric(self, name: str) -> float | None:
-        value = self.summary.get("metrics", {}).get(name)
-        return float(value) if isinstance(value, int | float) else None
-
-    @property
-    def ratio(self) -> tuple[float | None, bool]:
-        """(wire ratio after the compression warm-up, else over all steps; whether it is the latter)."""
-        if self.summary.get("wire_ratio") is not None:
-            return float(self.summary["wire_ratio"]), self.summary.get("wire_ratio_over", "").startswith("all")
-        value = self.summary.get("wire_ratio_all_steps")
-        return (float(value) if value is not None else None), True
-
-    def mb(self, key: str) -> float | None:
-        value = self.summary.get(key)
-        return value / MB if value is not None else None
 
 
 # -- reading -------------------------------------------------------------------------------------------

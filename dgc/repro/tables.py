@@ -24,6 +24,8 @@ Choices the paper leaves open, made here:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 #: the headline metric of each task kind, and whether higher is better
 HEADLINE = {"image": "top1", "language": "ppl", "speech": "wer"}
@@ -412,3 +414,38 @@ def get_table(name: str) -> Table:
     if name not in TABLES:
         raise ValueError(f"unknown table {name!r}; valid: {', '.join(TABLES)}")
     return TABLES[name]
+
+
+#: bytes in a megabyte as the reports print them
+MB = 2.0**20
+
+
+@dataclass
+class Run:
+    """One finished run of a table's row, read back for a report (:func:`dgc.repro.report.load_run`)."""
+
+    row: Row
+    run_dir: Path
+    summary: dict[str, Any]
+    kind: str
+    evals: list[dict[str, Any]]
+
+    @property
+    def headline(self) -> str:
+        return HEADLINE.get(self.kind, "top1")
+
+    def metric(self, name: str) -> float | None:
+        value = self.summary.get("metrics", {}).get(name)
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def ratio(self) -> tuple[float | None, bool]:
+        """(wire ratio after the compression warm-up, else over all steps; whether it is the latter)."""
+        if self.summary.get("wire_ratio") is not None:
+            return float(self.summary["wire_ratio"]), self.summary.get("wire_ratio_over", "").startswith("all")
+        value = self.summary.get("wire_ratio_all_steps")
+        return (float(value) if value is not None else None), True
+
+    def mb(self, key: str) -> float | None:
+        value = self.summary.get(key)
+        return value / MB if value is not None else None
