@@ -4,6 +4,7 @@
 #   tools/background-sweep.sh start [TABLE[:ROW,ROW...] ...]   # default queue: $QUEUE below
 #   tools/background-sweep.sh status                           # what runs, the log's tail
 #   tools/background-sweep.sh stop                             # checkpoint, stop, remove the worktree
+#   tools/background-sweep.sh keep                             # commit what a later session needs to resume
 #
 # The sweep runs from a git worktree pinned to one commit (runs/bg/commit, kept until the queue is done), so
 # editing this checkout does not change the code of a run half done, and a run resumed in a later session runs the
@@ -14,6 +15,10 @@
 # checkpoint (the trainer's own preemption path), and the next `start` continues from it (the checkpoints are
 # ignored by git and stay in results/runs/<table>/<row>/). Nothing is left running or mounted after `stop`; the
 # worktree (its .venv of hard links into uv's cache) is removed and made again, in ~20 s, by the next `start`.
+# A session's machine may not be the next session's: `keep` (after `stop`) commits each unfinished run's
+# checkpoint.pt with its config, env and metrics (git add -f: checkpoints are otherwise ignored; ~12 MB for a
+# speech run), and for each finished run its files without the checkpoint (a checkpoint committed earlier is
+# removed from git), so that the next session's `start` resumes from what landed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -73,6 +78,25 @@ stop() {
     git worktree prune
 }
 
+keep() {
+    if running; then echo "the sweep is running: $0 stop first"; exit 1; fi
+    local dir kept=() done=()
+    for dir in results/runs/*/*/; do
+        dir=${dir%/}
+        if [[ -f $dir/summary.json ]]; then
+            git ls-files --error-unmatch "$dir/checkpoint.pt" > /dev/null 2>&1 && git rm -q --cached "$dir/checkpoint.pt"
+            if [[ -n $(git status --porcelain -- "$dir") ]]; then
+                git add -- "$dir/config.yaml" "$dir/env.json" "$dir/metrics.jsonl" "$dir/summary.json"; done+=("$dir")
+            fi
+        elif [[ -f $dir/checkpoint.pt ]]; then
+            git add -f -- "$dir/checkpoint.pt" "$dir/config.yaml" "$dir/env.json" "$dir/metrics.jsonl"; kept+=("$dir")
+        fi
+    done
+    if [[ ${#kept[@]} -eq 0 && ${#done[@]} -eq 0 ]] || git diff --cached --quiet; then echo "nothing to keep"; return 0; fi
+    git commit -q -m "background sweep: finished ${done[*]:-(none)}; unfinished, kept with its checkpoint for the next session: ${kept[*]:-(none)}"
+    echo "committed: finished ${done[*]:-(none)}; unfinished ${kept[*]:-(none)}"
+}
+
 status() {
     if running; then echo "running (pid $(cat "$BG/pid")) at $(cut -c1-12 "$BG/commit" 2>/dev/null)"; else echo "not running"; fi
     [[ -f $BG/log ]] && tail -n 5 "$BG/log"
@@ -82,6 +106,7 @@ status() {
 case ${1:-} in
     start) shift; start "$@" ;;
     stop) stop ;;
+    keep) keep ;;
     status) status ;;
-    *) echo "usage: $0 start [TABLE[:ROWS] ...] | status | stop" >&2; exit 2 ;;
+    *) echo "usage: $0 start [TABLE[:ROWS] ...] | status | stop | keep" >&2; exit 2 ;;
 esac
