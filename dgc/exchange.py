@@ -9,7 +9,8 @@
   exchange among M machines), and the ranks of a machine share the result: a sparse compressor's nonzero
   entries (an allgather of about M * k / R entries per rank, not of the dense shard), any other
   compressor's dense shard (the dense, fp16, TernGrad and QSGD compressors work on any part of a tensor).
-  PowerSGD needs whole matrices (``Compressor.shardable`` is False) and is refused with R > 1. Each machine
+  A compressor that needs whole tensors (PowerSGD: ``Compressor.shardable`` is False) gets whole tensors
+  instead: each rank of a machine owns some of them (balanced by size), the shards padded to one size. Each machine
   is one DGC worker: the network carries M messages per shard instead of M * R. The tensors left dense
   (biases, BatchNorm) go the same way: reduce-scatter inside, an allreduce of each shard between the
   machines, allgather inside. With one rank per machine it is exactly ``flat``. The local bus
@@ -156,19 +157,15 @@ class Hierarchical(Exchange):
             flat = _flatten(items, r).to(dtype)
         return self.local.reduce_scatter_mean(flat)
 
-    def check(self, compressor: Compressor) -> None:
-        if not compressor.shardable and self.topology.ranks_per_node > 1:
-            raise ValueError(
-                f"exchange=hierarchical cuts the tensors into one shard per rank of a machine, and {compressor.name!r} "
-                "needs whole tensors: use exchange=flat (or ranks_per_node=1)"
-            )
-
     def run(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
         r = self.topology.ranks_per_node
         if not items:
             return
         if r == 1:
             compressor.exchange(items, self.cross, phases)
+            return
+        if not compressor.shardable:
+            self._run_whole(compressor, items, phases)
             return
         shard = self._mean_shard("sparse", items, items[0].grad.dtype, phases)  # this rank's 1/R of the mean
         lo = self.topology.local_rank * shard.numel()
@@ -196,6 +193,35 @@ class Hierarchical(Exchange):
                 at, values = wire.decode(rows[j, : lengths[j]], start, fmt)
                 flat[at] = values.to(flat.dtype)
             copy_back(items, flat)
+
+    def _run_whole(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
+        """For a compressor that needs whole tensors (PowerSGD): each rank of a machine owns whole tensors (the
+        largest first, each to the rank with the fewest values so far), laid out owner by owner and padded to
+        one shard size, so the reduce-scatter hands every rank exactly its tensors' machine mean."""
+        r = self.topology.ranks_per_node
+        owned: list[list[Item]] = [[] for _ in range(r)]
+        load = [0] * r
+        for it in sorted(items, key=lambda it: -it.grad.numel()):  # stable: ties keep their order
+            j = load.index(min(load))
+            owned[j].append(it)
+            load[j] += it.grad.numel()
+        order = {it.name: i for i, it in enumerate(items)}
+        size = max(load)
+        laid: list[Item] = []
+        pads: list[Item] = []
+        for j, mine in enumerate(owned):
+            laid += sorted(mine, key=lambda it: order[it.name])
+            if load[j] < size:  # zeros up to the shard size: not a tensor of the model, never exchanged
+                pad = items[0].grad.new_zeros(size - load[j])
+                pads.append(Item(f"@pad{j}", pad, pad))
+                laid.append(pads[-1])
+        shard = self._mean_shard("whole", laid, items[0].grad.dtype, phases)
+        lo = self.topology.local_rank * size
+        shapes = {it.name: it.grad.shape for it in items}
+        mine = [Item(it.name, it.param, it.grad.view(shapes[it.name]), it.momentum, it.nesterov)  # whole: its shape
+                for it in _pieces(laid, lo, lo + size, shard) if it.name in shapes]  # fmt: skip
+        compressor.exchange(mine, self.cross, phases)
+        self._share("whole", shard, laid, phases)
 
     def dense(self, items: list[Item], phases: Phases, dtype: torch.dtype) -> None:
         """The dense tensors too go by machine: reduce-scatter inside, allreduce of the shards between machines

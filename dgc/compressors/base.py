@@ -77,8 +77,8 @@ class Compressor:
     #: True for compressors that apply to every tensor (dense baselines): the
     #: sparse/dense policy does not apply to them.
     handles_all_tensors: ClassVar[bool] = False
-    #: False for compressors that need each tensor whole (PowerSGD's matrices): the hierarchical exchange, which
-    #: hands each rank of a machine a contiguous part of the flattened tensors, refuses them
+    #: False for compressors that need each tensor whole (PowerSGD's matrices): the hierarchical exchange then
+    #: gives each rank of a machine whole tensors instead of a contiguous part of the flattened ones
     shardable: ClassVar[bool] = True
 
     def __init__(self, config: CompressorConfig | None = None, **options: Any) -> None:
