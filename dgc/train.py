@@ -27,6 +27,7 @@ Set ``DGC_DEBUG=1`` for tracebacks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -68,8 +69,15 @@ def _rank() -> int:
 def _fail(message: str, status: int = EXIT_USER, prefix: str = "error") -> NoReturn:
     """One line on stderr (from rank 0 only, so a job prints it once; a rank 0 that dies without a word is
     named by the launcher) and exit ``status``."""
+    line = f"{prefix}: {message}"
     if _rank() == 0:
-        print(f"{prefix}: {message}", file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
+    said = os.environ.get(LAUNCH_DIR)
+    if said and _world_size() > 1:
+        # the --nproc launcher prints another rank's line when rank 0 was stopped before it could say its own
+        with contextlib.suppress(OSError):
+            with open(os.path.join(said, f"said.{_rank()}"), "w") as f:
+                f.write(line)
     if os.environ.get("DGC_DEBUG") and sys.exc_info()[0] is not None:
         traceback.print_exc()
     if _world_size() > 1:
@@ -225,6 +233,8 @@ def _main(cfg: DictConfig) -> dict | None:
 
 #: set by :func:`launch` for its workers: the launcher's PID (a worker dies with it)
 LAUNCHER_PID = "DGC_LAUNCHER_PID"
+#: the --nproc launcher's folder, where a worker that fails with one line leaves it (``said.<rank>``)
+LAUNCH_DIR = "DGC_LAUNCH_DIR"
 #: the signals the launcher passes on to its workers (each stops them at a step boundary after a checkpoint)
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
 _PR_SET_PDEATHSIG = 1
@@ -256,6 +266,15 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def _say_for_rank_0(folder: str) -> None:
+    """When a worker failed with its one line but rank 0, which prints it, was stopped before it failed too (the
+    agent stops the others at the first failure), print the line of the lowest rank that left one."""
+    lines = {int(n.split(".")[1]): os.path.join(folder, n) for n in os.listdir(folder) if n.startswith("said.")}
+    if lines and 0 not in lines:
+        with open(lines[min(lines)]) as f:
+            print(f.read().strip(), file=sys.stderr, flush=True)
+
+
 def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
     """Run ``nproc`` workers on this machine with PyTorch's elastic agent (torchrun's, standalone
     rendezvous on a free port) and exit with their status: one line on errors, no launcher trace.
@@ -278,6 +297,7 @@ def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
     # the agent's files (the workers' error reports) in a folder removed on exit: left to itself it makes
     # /tmp/torchelastic_* and never removes it
     logs = tempfile.TemporaryDirectory(prefix="dgc-launch-")
+    os.environ[LAUNCH_DIR] = logs.name
     try:
         run(parse_args([*args, f"--log-dir={logs.name}", "-m", "dgc.train", *overrides]))
     except SignalException:
@@ -292,6 +312,7 @@ def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
             f.exitcode for f in failures if f.exitcode in (EXIT_USER, EXIT_DIVERGED, EXIT_STALLED, EXIT_INTERRUPTED)
         ]
         if said:
+            _say_for_rank_0(logs.name)
             sys.exit(said[0])
         # else a worker killed by a signal (a negative code) could not say anything: name it
         for f in failures:

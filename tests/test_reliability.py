@@ -334,6 +334,34 @@ def test_a_damaged_data_file_is_one_line_once_naming_it(tmp_path):
         assert one_line(out).startswith(f"error: {damaged} is damaged (Compressed file ended before the end-of-stream")
 
 
+#: makes rank 0 of a --nproc job slow to reach its data (after the process group exists): rank 1 meets the
+#: damaged file alone and fails, and the agent stops rank 0 before it can say anything
+SLOW_RANK_0 = """import os, sys, time
+if os.environ.get("RANK") == "0" and os.environ.get("DGC_LAUNCHER_PID"):
+    class SlowData:
+        def find_spec(self, name, path=None, target=None):
+            if name == "dgc.tasks.image_data":
+                time.sleep(120)
+    sys.meta_path.insert(0, SlowData())
+"""
+
+
+def test_a_line_of_another_rank_is_printed_once_when_rank_0_was_stopped_before_saying_it(tmp_path):
+    data = write_fmnist(tmp_path / "fmnist", n_train=96, n_test=16)
+    damaged = data / "train-images-idx3-ubyte.gz"
+    damaged.write_bytes(damaged.read_bytes()[:200])
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_RANK_0)
+    root = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{root}"}
+    start = time.monotonic()
+    out = cli([*RUN, f"data.root={data}", f"run_dir={tmp_path / 'run'}"], tmp_path, nproc=2, env=env)
+    assert out.returncode == EXIT_USER, out.stderr[-2000:]
+    assert one_line(out).startswith(f"error: {damaged} is damaged (Compressed file ended before the end-of-stream")
+    assert time.monotonic() - start < 100  # rank 0 was stopped, not waited for
+
+
 def test_dgc_data_moves_fashion_mnist(tmp_path):
     write_fmnist(tmp_path / "data" / "fashion-mnist", n_train=96, n_test=16)
     out = cli(
