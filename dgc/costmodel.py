@@ -10,7 +10,7 @@ scheduling and the network's delay):
 * ring allgather of S bytes per worker: ``(N-1) alpha + (N-1) S / B``: the volume each worker
   receives grows with N, the reason sparse exchanges stop scaling (peers.md, "no gain beyond a
   few hundred nodes");
-* ``exchange=hierarchical`` (M machines of R ranks, :mod:`dgc.exchange`): a dense reduce-scatter inside
+* ``exchange=hierarchical`` (M machines of R ranks, :mod:`dgc.exchanges`): a dense reduce-scatter inside
   the machine over its bus (``(R-1)/R * S / B_local``, S the dense bytes of the compressed tensors; the
   fitted ``local_s_per_byte`` is the bus of the calibration runs, shared memory for CPU ranks, and the
   projection assumes ``local_bandwidth``), then R sparse allgathers between the M machines in parallel,

@@ -24,7 +24,7 @@ rather than with SIGBUS later), mapped by every rank (each looks for the name in
 ``$DGC_SHM_DIR``), checked with a random token (ranks that do not see the same file are not on one
 machine) and removed as soon as all have mapped it, so a killed job leaves nothing behind. A buffer that
 cannot be shared raises :class:`SharedMemoryError` on every rank of the machine, before any data moved:
-``local_bus="auto"`` (:class:`dgc.exchange.Hierarchical`) then falls back to the process group.
+``local_bus="auto"`` (:class:`dgc.exchanges.Hierarchical`) then falls back to the process group.
 """
 
 from __future__ import annotations

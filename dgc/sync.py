@@ -51,7 +51,7 @@ from dgc.comm import Comm
 from dgc.compressors import Compressor
 from dgc.compressors.base import Item
 from dgc.compressors.onebit import OneBit
-from dgc.exchange import Exchange, build_exchange
+from dgc.exchanges import Exchange, build_exchange
 from dgc.guard import StepGuard
 from dgc.policy import Policy
 from dgc.stats import StepStats
@@ -98,8 +98,8 @@ class GradientSync:
         group: process group of the default ``Comm`` (None: the default group, or a single process).
         timing: time the phases (on CUDA this synchronizes the device at phase boundaries).
         check_finite: skip, on every worker, a step in which any worker's gradient is not finite.
-        exchange: how the compressed tensors travel (:mod:`dgc.exchange`): ``flat``, ``hierarchical``,
-            ``sparse_allreduce``, or an :class:`~dgc.exchange.Exchange`.
+        exchange: how the compressed tensors travel (:mod:`dgc.exchanges`): ``flat``, ``hierarchical``,
+            ``sparse_allreduce``, or an :class:`~dgc.exchanges.Exchange`.
         ranks_per_node: for ``hierarchical`` (None: from the launcher's environment).
         local_bus: for ``hierarchical``, how a machine's ranks share data (:data:`dgc.localbus.LOCAL_BUSES`).
         accumulate: ``"gradients"`` (the paper's) or ``"updates"``: the compressed gradients are multiplied by

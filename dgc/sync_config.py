@@ -7,7 +7,7 @@ from typing import Any
 
 from dgc.comm import Comm
 from dgc.compressors import Compressor
-from dgc.exchange import EXCHANGES
+from dgc.exchanges import EXCHANGES
 from dgc.localbus import LOCAL_BUSES
 from dgc.policy import Policy
 from dgc.sync import GradientSync, check_accumulate, check_clip_norm
@@ -22,7 +22,7 @@ class SyncConfig:
     policy: Policy = field(default_factory=Policy)
     #: exchange through DDP's communication hook instead of after backward() (trainer)
     ddp_hook: bool = False
-    #: how the compressed tensors travel: flat | hierarchical | sparse_allreduce (:mod:`dgc.exchange`), or auto:
+    #: how the compressed tensors travel: flat | hierarchical | sparse_allreduce (:mod:`dgc.exchanges`), or auto:
     #: the one the calibrated cost model (``costmodel``) predicts fastest for this run at ``bandwidth``
     exchange: str = "flat"
     #: ranks per machine for exchange=hierarchical (null: from the launcher, LOCAL_WORLD_SIZE or Slurm)

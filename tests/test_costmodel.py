@@ -103,7 +103,7 @@ def test_unreadable_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert err.count("\n") == 1 and "cannot read" in err and not (tmp_path / "c.json").exists()
 
 
-#: a machine for the exchanges of dgc.exchange (seconds per value/byte, alpha, efficiency, local bus)
+#: a machine for the exchanges of dgc.exchanges (seconds per value/byte, alpha, efficiency, local bus)
 EXCHANGE_TRUTH = {
     "alpha": 2e-3, "efficiency": 0.9, "reduce_fp16": 0.0, "local_s_per_byte": 5e-9,
     "cpu_dgc": 2e-9, "cpu_msg_dgc": 4e-9, "cpu_dgc_hierarchical": 3e-9, "cpu_msg_dgc_hierarchical": 1e-8,

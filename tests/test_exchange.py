@@ -1,4 +1,4 @@
-"""The exchanges of dgc.exchange on real gloo ranks: hierarchical (dense in a machine, sparse between) and the
+"""The exchanges of dgc.exchanges on real gloo ranks: hierarchical (dense in a machine, sparse between) and the
 sparse allreduce (regions reduced at owners), against the flat exchange and against plain averaging."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from dgc.tasks import TASK_KINDS
 from dgc.tasks.models import MODELS
 
 import dgc
-from dgc.exchange import EXCHANGES
+from dgc.exchanges import EXCHANGES
 from dgc.registry import Registry
 
 

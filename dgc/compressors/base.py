@@ -1,10 +1,11 @@
 """The compressor interface shared by every method, its configuration, and the registry.
 
 A compressor receives the gradients of the tensors it handles (one :class:`Item` each, the same
-tensors in the same order on every worker), issues its collectives through the
-:class:`~dgc.comm.Comm` it is given and writes the averaged (decompressed) gradient back into
-``item.grad`` in place. Per-tensor state (residuals, momenta, error buffers) is keyed by parameter
-name so that it can be saved and restored whatever the bucketing.
+tensors in the same order on every worker), encodes them, asks for the collectives it needs by yielding
+them from :meth:`Compressor.steps` (:mod:`dgc.collectives`: whoever drives it, an exchange, owns the
+communicator) and writes the averaged (decompressed) gradient back into ``item.grad`` in place.
+Per-tensor state (residuals, momenta, error buffers) is keyed by parameter name so that it can be saved
+and restored whatever the bucketing.
 
 Each compressor owns a :class:`CompressorConfig` subclass: its options, their defaults and their
 checks (``__post_init__``) in one place. The same dataclass is the Hydra schema of the
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from dgc import seeding
+from dgc.collectives import Steps, drive
 from dgc.comm import Comm
 from dgc.registry import Registry
 from dgc.timing import Phases
@@ -67,7 +69,7 @@ class Item:
 
 
 class Compressor:
-    """Base class. Subclasses set ``name`` and ``config_class`` and implement :meth:`exchange`.
+    """Base class. Subclasses set ``name`` and ``config_class`` and implement :meth:`steps`.
 
     ``Compressor(config)`` or ``Compressor(**options)`` (options of ``config_class``).
     """
@@ -111,8 +113,15 @@ class Compressor:
         """Fraction of values selected for sending now (1.0 for dense methods)."""
         return 1.0
 
-    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
+    def steps(self, items: list[Item], phases: Phases) -> Steps:
+        """Encode the items' gradients, yield each collective needed (:mod:`dgc.collectives`) and receive its result,
+        decode the average into ``item.grad``. The same collectives in the same order on every worker."""
         raise NotImplementedError
+        yield  # a generator
+
+    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
+        """:meth:`steps` with each collective run on ``comm`` at once."""
+        drive(self.steps(items, phases), comm)
 
     # -- state -------------------------------------------------------------------
     def tensor_state(self, item: Item, *keys: str) -> list[torch.Tensor]:

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from dgc.bucket import Buckets
+from dgc.collectives import Collective, Steps
 from dgc.comm import Comm
 from dgc.compressors.base import Compressor, CompressorConfig, Item, Phases, register
 from dgc.wire import DTYPES
@@ -31,6 +32,20 @@ def allreduce_dense(items: list[Item], comm: Comm, phases: Phases, dtype: torch.
 
 
 @dataclass
+class AverageDense(Collective):
+    """The items' gradients averaged in place (:func:`allreduce_dense`): a collective of its own so that one worker
+    alone skips the flattening copies too."""
+
+    items: list[Item]
+    dtype: torch.dtype
+    buckets: Buckets
+    phases: Phases
+
+    def run(self, comm: Comm) -> None:
+        allreduce_dense(self.items, comm, self.phases, self.dtype, self.buckets)
+
+
+@dataclass
 class DenseConfig(CompressorConfig):
     """The fp32 allreduce: no options."""
 
@@ -50,8 +65,8 @@ class Dense(Compressor):
         super().__init__(config, **options)
         self.buckets = Buckets()
 
-    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
-        allreduce_dense(items, comm, phases, DTYPES[self.dtype_name], self.buckets)
+    def steps(self, items: list[Item], phases: Phases) -> Steps:
+        yield AverageDense(items, DTYPES[self.dtype_name], self.buckets, phases)
 
 
 @dataclass

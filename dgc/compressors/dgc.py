@@ -10,7 +10,7 @@ import torch
 
 from dgc import kernels, segselect, wire
 from dgc.bucket import Bucket, Buckets
-from dgc.comm import Comm
+from dgc.collectives import AllgatherBytes, Steps
 from dgc.compressors.base import Item, Stochastic, check_int, check_number, register
 from dgc.compressors.sparse import SparseCompressor, SparseConfig
 from dgc.select import (
@@ -271,9 +271,9 @@ class DGC(Stochastic, SparseCompressor):
         bucket.adopt(self.state, ("u", "v") if self.momentum_correction else ("v",))
         return bucket
 
-    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
+    def steps(self, items: list[Item], phases: Phases) -> Steps:
         if not items or not self.bucketed(items):
-            super().exchange(items, comm, phases)
+            yield from super().steps(items, phases)
             return
         density = self.density()
         with phases("compress"):
@@ -319,12 +319,12 @@ class DGC(Stochastic, SparseCompressor):
             phases.counters["values_target"] += sum(plan.k)
             local = sel.positions - bucket.offsets_t[sel.tensors] if self.wire.indices == "int32" else None
             message = wire.encode_known(values, local, sel.gaps, sel.counts, sel.words, self.wire)
-        rows, _ = comm.allgather_bytes(message)
+        rows, _ = yield AllgatherBytes(message)
         with phases("decompress"):
             positions, received, ends = wire.decode_known(rows, bucket.layout.offsets, self.wire)
             received = received.to(g.dtype)
-            if comm.world_size > 1:
-                received.div_(comm.world_size)
+            if rows.shape[0] > 1:
+                received.div_(rows.shape[0])
             g.zero_()
             if len(ends) == 1:  # one worker: no slicing
                 g.index_add_(0, positions, received)

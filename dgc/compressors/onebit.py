@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from dgc import bits
-from dgc.comm import Comm
+from dgc.collectives import Allgather, Steps
 from dgc.compressors.base import Compressor, Item, flat_views
 from dgc.timing import Phases
 
@@ -40,7 +40,7 @@ class OneBit(Compressor):
 
     name: ClassVar[str] = "1bit"
 
-    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
+    def steps(self, items: list[Item], phases: Phases) -> Steps:
         if not items:
             return
         sizes = [it.grad.numel() for it in items]
@@ -54,7 +54,7 @@ class OneBit(Compressor):
             for res, part in zip(residuals, x.sub_(sent).split(sizes)):  # x becomes what was not sent
                 res.copy_(part)
             message = torch.cat([scales.view(torch.uint8), pack_signs(sent)])
-        rows = comm.allgather(message)
+        rows = yield Allgather(message)
         with phases("decompress"):
             t = len(items)
             all_scales = rows[:, : 4 * t].reshape(-1).view(torch.float32).view(-1, t)  # [world, tensors]

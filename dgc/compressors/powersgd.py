@@ -32,7 +32,7 @@ import torch
 
 from dgc import seeding
 from dgc.bucket import Bucket, Buckets, Layout
-from dgc.comm import Comm
+from dgc.collectives import AllreduceMean, Steps
 from dgc.compressors.base import Compressor, CompressorConfig, Item, check_int, register
 from dgc.timing import Phases
 
@@ -102,7 +102,7 @@ class PowerSGD(Compressor):
             plan.adopt_q(self)
         return plan
 
-    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
+    def steps(self, items: list[Item], phases: Phases) -> Steps:
         if not items:
             return
         low = [it for it in items if self._low_rank(it)]
@@ -122,7 +122,7 @@ class PowerSGD(Compressor):
                     torch.bmm(g.m, g.q, out=g.p)
             if dense:
                 torch._foreach_copy_(plan.dense_views, [it.grad for it in dense])
-        comm.allreduce_mean_(plan.first)
+        yield AllreduceMean(plan.first)
         if low:
             with phases("compress"):
                 for g in plan.groups:
@@ -131,7 +131,7 @@ class PowerSGD(Compressor):
         if dense:
             torch._foreach_copy_([it.grad for it in dense], plan.dense_views)
         if low:
-            comm.allreduce_mean_(plan.q)
+            yield AllreduceMean(plan.q)
             with phases("decompress"):
                 for g in plan.groups:
                     torch.bmm(g.p_orth, g.q_t, out=g.approx)

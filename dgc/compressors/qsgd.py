@@ -24,7 +24,7 @@ import torch
 
 from dgc import bits
 from dgc.bucket import Buckets
-from dgc.comm import Comm
+from dgc.collectives import Allgather, Steps
 from dgc.compressors.base import CompressorConfig, Item, Stochastic, check_int, register
 from dgc.timing import Phases
 
@@ -73,7 +73,7 @@ class QSGD(Stochastic):
             self._buckets = (tuple(sizes), torch.cat(ids))
         return self._buckets[1]
 
-    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
+    def steps(self, items: list[Item], phases: Phases) -> Steps:
         if not items:
             return
         s, width = self.config.levels, self.config.code_bits
@@ -92,7 +92,7 @@ class QSGD(Stochastic):
             codes = level.to(torch.uint8) | ((x < 0).to(torch.uint8) << (width - 1))
             message = torch.cat([norms.view(torch.uint8), bits.pack(codes, width)])
             phases.counters["values_sent"] += x.numel()
-        rows = comm.allgather(message)
+        rows = yield Allgather(message)
         with phases("decompress"):
             all_norms = rows[:, : 4 * count].reshape(-1).view(torch.float32).view(-1, count)  # [workers, buckets]
             all_codes = bits.unpack(rows[:, 4 * count :], x.numel(), width)  # [workers, values]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dgc import wire
-from dgc.comm import Comm
+from dgc.collectives import AllgatherBytes, Steps
 from dgc.compressors.base import Compressor, CompressorConfig, Item
 from dgc.schedule import DensitySchedule
 from dgc.select import target_count
@@ -91,15 +91,15 @@ class SparseCompressor(Compressor):
         phases.counters["values_target"] += sum(target_count(it.grad.numel(), density) for it in items)
         return positions, values, accumulators
 
-    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
+    def steps(self, items: list[Item], phases: Phases) -> Steps:
         if not items:
             return
         with phases("compress"):
             positions, values, _ = self.pick(items, phases)
             message = wire.encode(values, positions, self.wire, [it.grad.numel() for it in items])
-        rows, lengths = comm.allgather_bytes(message)
+        rows, lengths = yield AllgatherBytes(message)
         with phases("decompress"):
-            self.decompress(items, rows, lengths, comm.world_size)
+            self.decompress(items, rows, lengths, rows.shape[0])
 
     def decompress(self, items: list[Item], rows: torch.Tensor, lengths: list[int], world_size: int) -> None:
         """Write the average of every worker's sparse message into the items' gradients.

@@ -24,7 +24,7 @@ import torch
 
 from dgc import bits
 from dgc.bucket import Bucket, Buckets
-from dgc.comm import Comm
+from dgc.collectives import Allgather, AllreduceMax, Steps
 from dgc.compressors.base import CompressorConfig, Item, Stochastic, register
 from dgc.timing import Phases
 
@@ -53,7 +53,7 @@ class TernGrad(Stochastic):
         self.clip_sigma = self.config.clip_sigma
         self.buckets = Buckets()
 
-    def exchange(self, items: list[Item], comm: Comm, phases: Phases) -> None:
+    def steps(self, items: list[Item], phases: Phases) -> Steps:
         if not items:
             return
         with phases("compress"):
@@ -64,14 +64,14 @@ class TernGrad(Stochastic):
                 torch.clamp(x, -bound, bound, out=x)
             # per tensor max |g|: the inf-norm of each tensor, one dispatch
             scales = torch.stack(torch._foreach_norm(bucket.grad_views, float("inf"))).to(torch.float32)
-        comm.allreduce_max_(scales)
+        yield AllreduceMax(scales)
         with phases("compress"):
             prob = x.abs().div_(_expand(scales.clamp_min(1e-30).to(x.dtype), bucket))
             rand = torch.rand(x.numel(), generator=self.generator_on(x.device), device=x.device)
             codes = (torch.sign(x) * (rand < prob)).to(torch.int8).add_(1)
             message = bits.pack(codes, 2)
             phases.counters["values_sent"] += x.numel()
-        rows = comm.allgather(message)
+        rows = yield Allgather(message)
         with phases("decompress"):
             workers = rows.shape[0]
             # codes are t + 1: their sum over workers, less one per worker, is the sum of the ternary values

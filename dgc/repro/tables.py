@@ -219,7 +219,7 @@ def _cpu_compact_rows() -> tuple[Row, ...]:
 # -- the recurrent analogs, long enough for DGC (each compressed value sent ~20 times after the warm-up) -----
 #: seeds of the tables that average over seeds
 SEEDS = (0, 1)
-#: key -> (method, overrides after the demo's): the three exchanges of dgc.exchange on the demo's setup
+#: key -> (method, overrides after the demo's): the three exchanges of dgc.exchanges on the demo's setup
 EXCHANGE_ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "flat": ("flat allgather (the paper's)", ()),
     "hierarchical": ("hierarchical, 2 machines x 2 ranks", ("sync.exchange=hierarchical", "sync.ranks_per_node=2")),
