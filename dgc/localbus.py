@@ -1,4 +1,11 @@
-"""A machine's local bus for ``exchange=hierarchical``: its ranks sum and share through shared memory.
+"""A machine's local bus for ``exchange=hierarchical``: how its ranks average their gradients and share the result.
+
+A bus has three operations (:class:`LocalBus`): ``mean_shard`` (this rank's 1/R of the machine's mean of a list of
+tensors, flattened: a reduce-scatter), ``share`` (every rank's shard, in local-rank order: an allgather) and
+``share_sparse`` (the same for shards that are mostly zeros: only their nonzero entries need to travel). Two
+implementations: :class:`GroupBus`, the machine's process group (NCCL on GPUs; gloo over TCP on loopback), and
+:class:`SharedMemoryBus`, for CPU tensors, where the ranks read each other's memory. The hierarchical exchange
+holds one of them and never asks which.
 
 Between the ranks of one machine, gloo sends a reduce-scatter over TCP on loopback: every byte is copied
 through the kernel's socket buffers, and with several ranks per core that "bus" runs at tens of MB/s,
@@ -36,7 +43,9 @@ import secrets
 import torch
 import torch.distributed as dist
 
+from dgc import wire
 from dgc.comm import Comm
+from dgc.compressors.base import Item
 
 #: ``sync.local_bus``: ``auto`` (shared memory for CPU tensors when it works, else the group), ``shm``, ``group``
 LOCAL_BUSES = ("auto", "shm", "group")
@@ -49,20 +58,79 @@ class SharedMemoryError(RuntimeError):
     """The ranks of a machine could not share a buffer (one line: why, and what to use instead)."""
 
 
-class SharedMemoryBus:
-    """Shared-memory reduce-scatter and share among the ranks of ``comm`` (a machine's local communicator,
-    ``comm.sub(group, local_bus=True)``; ``first_rank``: the global rank of its local rank 0)."""
+def _flatten(items: list[Item], multiple: int, dtype: torch.dtype) -> torch.Tensor:
+    """The items' gradients end to end in ``dtype``, zero-padded to a multiple of ``multiple``."""
+    flat = torch.cat([it.grad.view(-1) for it in items])
+    pad = -flat.numel() % multiple
+    return (torch.cat([flat, flat.new_zeros(pad)]) if pad else flat).to(dtype)
 
-    def __init__(self, comm: Comm, first_rank: int):
+
+class LocalBus:
+    """The ranks of one machine (``comm``: its local communicator, ``comm.sub(group, local_bus=True)``)."""
+
+    name = "group"
+
+    def __init__(self, comm: Comm):
         self.comm = comm
-        self.first_rank = first_rank
-        self.directory = os.environ.get("DGC_SHM_DIR") or SHM_DIR
-        #: key -> (slots [R, numel], result [numel]), both in one mapping (kept alive by the tensors' storage)
-        self._buffers: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def ranks(self) -> int:
         return self.comm.world_size
+
+    def mean_shard(self, key: str, items: list[Item], dtype: torch.dtype) -> torch.Tensor:
+        """This rank's 1/R of the machine's mean of the items' gradients, flattened end to end in ``dtype`` and
+        zero-padded to a multiple of R. ``key`` names the round (a bus may keep buffers per key)."""
+        raise NotImplementedError
+
+    def share(self, key: str, shard: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``shard`` of round ``key`` end to end, in local-rank order (valid until the next round)."""
+        raise NotImplementedError
+
+    def share_sparse(self, key: str, shard: torch.Tensor, indices: str) -> torch.Tensor:
+        """:meth:`share` for shards that are mostly zeros (``indices``: the wire's index format for what travels)."""
+        return self.share(key, shard)
+
+
+class GroupBus(LocalBus):
+    """The machine's process group: a reduce-scatter and allgathers through its backend."""
+
+    def mean_shard(self, key: str, items: list[Item], dtype: torch.dtype) -> torch.Tensor:
+        with self.comm.phases("compress"):
+            flat = _flatten(items, self.ranks, dtype)
+        return self.comm.reduce_scatter_mean(flat)
+
+    def share(self, key: str, shard: torch.Tensor) -> torch.Tensor:
+        return self.comm.allgather(shard).view(-1)
+
+    def share_sparse(self, key: str, shard: torch.Tensor, indices: str) -> torch.Tensor:
+        """Each rank sends its shard's nonzero entries (fp32 values, exact), not the dense shard."""
+        phases = self.comm.phases
+        with phases("compress"):
+            pos = shard.nonzero().view(-1)
+            fmt = wire.WireFormat("fp32", indices)
+            message = wire.encode([shard[pos]], [pos], fmt, [shard.numel()])
+        rows, lengths = self.comm.allgather_bytes(message)
+        with phases("decompress"):
+            whole = shard.new_zeros(shard.numel() * self.ranks)
+            for j in range(rows.shape[0]):
+                start = torch.tensor([j * shard.numel()], device=whole.device)
+                at, values = wire.decode(rows[j, : lengths[j]], start, fmt)
+                whole[at] = values.to(whole.dtype)
+        return whole
+
+
+class SharedMemoryBus(LocalBus):
+    """Shared-memory reduce-scatter and share among the ranks of ``comm`` (CPU tensors; ``first_rank``: the global
+    rank of its local rank 0): the module docstring says how."""
+
+    name = "shm"
+
+    def __init__(self, comm: Comm, first_rank: int):
+        super().__init__(comm)
+        self.first_rank = first_rank
+        self.directory = os.environ.get("DGC_SHM_DIR") or SHM_DIR
+        #: key -> (slots [R, numel], result [numel]), both in one mapping (kept alive by the tensors' storage)
+        self._buffers: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _barrier(self) -> None:
         with self.comm.phases("communicate"):
@@ -155,9 +223,24 @@ class SharedMemoryBus:
                 shard.add_(slots[j, lo : lo + n])
         return shard.div_(r)
 
-    def share(self, key: str) -> torch.Tensor:
+    def mean_shard(self, key: str, items: list[Item], dtype: torch.dtype) -> torch.Tensor:
+        """The flattening copy goes straight into this rank's slot; the shard is a view of the shared result."""
+        if items[0].grad.device.type != "cpu":
+            raise SharedMemoryError(f"shared-memory local bus: for CPU tensors, not {items[0].grad.device}")
+        total = sum(it.grad.numel() for it in items)
+        slot = self.slot(key, total + (-total % self.ranks), dtype)
+        with self.comm.phases("compress"):
+            pos = 0
+            for it in items:
+                n = it.grad.numel()
+                slot[pos : pos + n].copy_(it.grad.view(-1))
+                pos += n
+            slot[pos:].zero_()
+        return self.reduce_scatter_mean(key)
+
+    def share(self, key: str, shard: torch.Tensor | None = None) -> torch.Tensor:
         """Every rank's shard of ``key`` in local-rank order: the whole result, a view of shared memory valid until
-        the next round of ``key`` (copy it out)."""
+        the next round of ``key`` (copy it out). The shards are already there: the owners changed them in place."""
         result = self._buffers[key][1]
         nbytes = result.numel() // self.ranks * result.element_size()
         self.comm.count(nbytes, nbytes * (self.ranks - 1))

@@ -23,21 +23,14 @@ from typing import ClassVar
 
 import torch
 
-from dgc import wire
 from dgc.collectives import drive
 from dgc.comm import Comm
 from dgc.compressors.base import Compressor, Item, copy_back
 from dgc.compressors.sparse import SparseCompressor
 from dgc.exchanges.base import EXCHANGES, Exchange
-from dgc.localbus import LOCAL_BUSES, SharedMemoryBus, SharedMemoryError
+from dgc.localbus import LOCAL_BUSES, GroupBus, LocalBus, SharedMemoryBus, SharedMemoryError
 from dgc.timing import Phases
 from dgc.topology import Topology
-
-
-def _flatten(items: list[Item], multiple: int) -> torch.Tensor:
-    flat = torch.cat([it.grad.view(-1) for it in items])
-    pad = -flat.numel() % multiple
-    return torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
 
 
 def _pieces(items: list[Item], lo: int, hi: int, shard: torch.Tensor) -> list[Item]:
@@ -72,108 +65,88 @@ class Hierarchical(Exchange):
         self.local = comm.sub(topology.local, local_bus=True)
         self.cross = comm.sub(topology.cross)
         self.local_bus = local_bus
-        #: the machine's shared-memory bus while it is used (None: its process group)
-        self.bus: SharedMemoryBus | None = None
+        #: the machine's bus (:mod:`dgc.localbus`): shared memory unless local_bus=group (auto falls back to the
+        #: process group, on every rank of the machine alike, when shared memory fails or the tensors are not CPU's)
+        self.bus: LocalBus = GroupBus(self.local)
         if local_bus != "group" and topology.ranks_per_node > 1:
             self.bus = SharedMemoryBus(self.local, topology.machine * topology.ranks_per_node)
+        #: for the last list of whole tensors: (each rank's tensors, as indices; its padding; the shard size)
+        self._whole: dict[tuple, tuple[list[list[int]], list[torch.Tensor | None], int]] = {}
 
-    def _mean_shard(self, key: str, items: list[Item], dtype: torch.dtype, phases: Phases) -> torch.Tensor:
-        """This rank's 1/R of the machine's mean of the items' flattened gradients (in ``dtype``): through shared
-        memory for CPU tensors unless local_bus=group (auto falls back to the group, on every rank of the machine
-        alike, when it fails), where the shard is a view of the shared result (see :mod:`dgc.localbus`)."""
-        device = items[0].grad.device
-        if self.bus is not None and device.type != "cpu":
+    def _mean_shard(self, key: str, items: list[Item], dtype: torch.dtype) -> torch.Tensor:
+        """This rank's 1/R of the machine's mean of the items' flattened gradients (in ``dtype``), on the bus."""
+        try:
+            return self.bus.mean_shard(key, items, dtype)
+        except SharedMemoryError as exc:
             if self.local_bus == "shm":
-                raise ValueError(f"sync.local_bus=shm is for CPU tensors, not {device}: use auto or group")
-            self.bus = None
-        r = self.topology.ranks_per_node
-        if self.bus is not None:
-            total = sum(it.grad.numel() for it in items)
-            try:
-                slot = self.bus.slot(key, total + (-total % r), dtype)
-            except SharedMemoryError as exc:
-                if self.local_bus == "shm":
-                    raise
+                if items[0].grad.device.type != "cpu":
+                    raise ValueError(
+                        f"sync.local_bus=shm is for CPU tensors, not {items[0].grad.device}: use auto or group"
+                    ) from None
+                raise
+            if items[0].grad.device.type == "cpu":
                 warnings.warn(f"{exc}; the machine's ranks use their process group instead", stacklevel=3)
-                self.bus = None
-            else:
-                with phases("compress"):  # the flattening copy, straight into shared memory
-                    pos = 0
-                    for it in items:
-                        n = it.grad.numel()
-                        slot[pos : pos + n].copy_(it.grad.view(-1))
-                        pos += n
-                    slot[pos:].zero_()
-                return self.bus.reduce_scatter_mean(key)
-        with phases("compress"):
-            flat = _flatten(items, r).to(dtype)
-        return self.local.reduce_scatter_mean(flat)
+            self.bus = GroupBus(self.local)
+            return self.bus.mean_shard(key, items, dtype)
 
     def run(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
-        r = self.topology.ranks_per_node
         if not items:
             return
-        if r == 1:
+        if self.topology.ranks_per_node == 1:
             drive(compressor.steps(items, phases), self.cross)
             return
         if not compressor.shardable:
             self._run_whole(compressor, items, phases)
             return
-        shard = self._mean_shard("sparse", items, items[0].grad.dtype, phases)  # this rank's 1/R of the mean
+        shard = self._mean_shard("sparse", items, items[0].grad.dtype)  # this rank's 1/R of the mean
         lo = self.topology.local_rank * shard.numel()
         drive(compressor.steps(_pieces(items, lo, lo + shard.numel(), shard), phases), self.cross)
-        if not isinstance(compressor, SparseCompressor):  # a dense result: the machine's ranks share the shards
-            self._share("sparse", shard, items, phases)
-            return
-        if self.bus is not None:  # the machine's ranks read each other's averaged shards from shared memory
-            whole = self.bus.share("sparse")
-            with phases("decompress"):
-                copy_back(items, whole)
-            return
-        flat = shard.new_empty(shard.numel() * r)
-        # the shard now holds its average over the machines: sparse (the union of M selections), so the
-        # ranks of a machine share its nonzero entries (fp32, exact) rather than the dense shard
-        with phases("compress"):
-            pos = shard.nonzero().view(-1)
-            fmt = wire.WireFormat("fp32", compressor.wire.indices)
-            message = wire.encode([shard[pos]], [pos], fmt, [shard.numel()])
-        rows, lengths = self.local.allgather_bytes(message)
+        if isinstance(compressor, SparseCompressor):
+            # the shard now holds its average over the machines: sparse (the union of M selections), so only its
+            # nonzero entries need to reach the machine's other ranks
+            whole = self.bus.share_sparse("sparse", shard, compressor.wire.indices)
+        else:  # a dense result: the machine's ranks share the shards
+            whole = self.bus.share("sparse", shard)
         with phases("decompress"):
-            flat.zero_()
-            for j in range(rows.shape[0]):
-                start = torch.tensor([j * shard.numel()], device=flat.device)
-                at, values = wire.decode(rows[j, : lengths[j]], start, fmt)
-                flat[at] = values.to(flat.dtype)
-            copy_back(items, flat)
+            copy_back(items, whole.to(items[0].grad.dtype))
 
     def _run_whole(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
         """For a compressor that needs whole tensors (PowerSGD): each rank of a machine owns whole tensors (the
         largest first, each to the rank with the fewest values so far), laid out owner by owner and padded to
         one shard size, so the reduce-scatter hands every rank exactly its tensors' machine mean."""
-        r = self.topology.ranks_per_node
-        owned: list[list[Item]] = [[] for _ in range(r)]
-        load = [0] * r
-        for it in sorted(items, key=lambda it: -it.grad.numel()):  # stable: ties keep their order
-            j = load.index(min(load))
-            owned[j].append(it)
-            load[j] += it.grad.numel()
-        order = {it.name: i for i, it in enumerate(items)}
-        size = max(load)
-        laid: list[Item] = []
-        pads: list[Item] = []
-        for j, mine in enumerate(owned):
-            laid += sorted(mine, key=lambda it: order[it.name])
-            if load[j] < size:  # zeros up to the shard size: not a tensor of the model, never exchanged
-                pad = items[0].grad.new_zeros(size - load[j])
-                pads.append(Item(f"@pad{j}", pad, pad))
-                laid.append(pads[-1])
-        shard = self._mean_shard("whole", laid, items[0].grad.dtype, phases)
+        laid, size = self._lay_out(items)
+        shard = self._mean_shard("whole", laid, items[0].grad.dtype)
         lo = self.topology.local_rank * size
         shapes = {it.name: it.grad.shape for it in items}
         mine = [Item(it.name, it.param, it.grad.view(shapes[it.name]), it.momentum, it.nesterov)  # whole: its shape
                 for it in _pieces(laid, lo, lo + size, shard) if it.name in shapes]  # fmt: skip
         drive(compressor.steps(mine, phases), self.cross)
         self._share("whole", shard, laid, phases)
+
+    def _lay_out(self, items: list[Item]) -> tuple[list[Item], int]:
+        """The items owner by owner (each owner's in their order), each owner's padded to the largest one's size.
+        The owners are chosen once per list of tensors; the padding is zeros, never a tensor of the model."""
+        key = tuple((it.name, it.grad.numel(), it.grad.dtype, it.grad.device) for it in items)
+        plan = self._whole.get(key)
+        if plan is None:
+            r = self.topology.ranks_per_node
+            owned: list[list[int]] = [[] for _ in range(r)]
+            load = [0] * r
+            for i in sorted(range(len(items)), key=lambda i: -items[i].grad.numel()):  # stable: ties keep order
+                j = load.index(min(load))
+                owned[j].append(i)
+                load[j] += items[i].grad.numel()
+            size = max(load)
+            pads = [items[0].grad.new_zeros(size - load[j]) if load[j] < size else None for j in range(r)]
+            plan = ([sorted(mine) for mine in owned], pads, size)
+            self._whole = {key: plan}  # the last layout only
+        owned, pads, size = plan
+        laid: list[Item] = []
+        for j, mine in enumerate(owned):
+            laid += [items[i] for i in mine]
+            if pads[j] is not None:
+                laid.append(Item(f"@pad{j}", pads[j], pads[j]))
+        return laid, size
 
     def dense(self, items: list[Item], phases: Phases, dtype: torch.dtype) -> None:
         """The dense tensors too go by machine: reduce-scatter inside, allreduce of the shards between machines
@@ -182,12 +155,12 @@ class Hierarchical(Exchange):
         if r == 1 or not items:
             super().dense(items, phases, dtype)
             return
-        shard = self._mean_shard("dense", items, dtype, phases)
+        shard = self._mean_shard("dense", items, dtype)
         self.cross.allreduce_mean_(shard)
         self._share("dense", shard, items, phases)
 
     def _share(self, key: str, shard: torch.Tensor, items: list[Item], phases: Phases) -> None:
         """Every rank of the machine gets every rank's (dense) shard, written back into the items' gradients."""
-        whole = self.bus.share(key) if self.bus is not None else self.local.allgather(shard).view(-1)
+        whole = self.bus.share(key, shard)
         with phases("decompress"):
             copy_back(items, whole.to(items[0].grad.dtype))
