@@ -24,6 +24,7 @@ import torch
 from dgc import seeding
 from dgc.collectives import Steps, drive
 from dgc.comm import Comm
+from dgc.memory import Memory
 from dgc.registry import Registry
 from dgc.timing import Phases
 
@@ -92,9 +93,15 @@ class Compressor:
             config = replace(config, **options)
         self.config = config
         self.state: dict[str, dict[str, torch.Tensor]] = {}
+        #: error feedback (:mod:`dgc.memory`), for the compressors that keep what they did not send
+        self.memory: Memory = self.make_memory()
         self.epoch = 0.0
         self.rank = 0
         self.world_size = 1
+
+    def make_memory(self) -> Memory:
+        """This compressor's error feedback (the base: none, nothing is kept)."""
+        return Memory()
 
     # -- lifecycle ---------------------------------------------------------------
     def bind(self, comm: Comm) -> None:
@@ -137,6 +144,11 @@ class Compressor:
                 buf = slot[key] = buf.to(device=item.grad.device, dtype=item.grad.dtype)
             out.append(buf)
         return out
+
+    def memory_buffers(self, item: Item) -> dict[str, torch.Tensor]:
+        """The item's buffers of this compressor's error feedback (:attr:`memory`'s keys), as :meth:`tensor_state`."""
+        keys = self.memory.keys
+        return dict(zip(keys, self.tensor_state(item, *keys)))
 
     def extra_state(self) -> dict[str, Any]:
         return {}

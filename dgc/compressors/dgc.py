@@ -13,6 +13,7 @@ from dgc.bucket import Bucket, Buckets
 from dgc.collectives import AllgatherBytes, Steps
 from dgc.compressors.base import Item, Stochastic, check_int, check_number, register
 from dgc.compressors.sparse import SparseCompressor, SparseConfig
+from dgc.memory import MomentumCorrection
 from dgc.select import (
     Candidates,
     Scratch,
@@ -105,21 +106,13 @@ class DGC(Stochastic, SparseCompressor):
     def owns_momentum(self) -> bool:
         return self.momentum_correction
 
+    def make_memory(self) -> MomentumCorrection:
+        return MomentumCorrection(self.config.momentum_correction, self.config.momentum_masking)
+
     # -- step 1: accumulation ------------------------------------------------------------
     def accumulate(self, item: Item) -> torch.Tensor:
         """Fold the gradient into the accumulator ``v`` and return it."""
-        g = item.grad.view(-1)
-        if not self.momentum_correction:
-            (v,) = self.tensor_state(item, "v")
-            return v.add_(g)
-        u, v = self.tensor_state(item, "u", "v")
-        if item.nesterov:
-            u.add_(g).mul_(item.momentum)
-            v.add_(u).add_(g)
-        else:
-            torch.add(g, u, alpha=item.momentum, out=u)
-            v.add_(u)
-        return v
+        return self.memory.compensate(item.grad.view(-1), self.memory_buffers(item), item.momentum, item.nesterov)
 
     def _fused_state(self, item: Item) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
         """``(g, u or None, v)`` when the native kernel handles this tensor, else None."""
@@ -248,9 +241,7 @@ class DGC(Stochastic, SparseCompressor):
         if self.reestimate_every > 1 and item.name in self.thresholds and idx.numel() == k:
             # the next reuse starts from the exact k-th largest |v| of this step
             self.thresholds[item.name][0] = float(v[idx].abs().min())
-        if self.momentum_correction and self.momentum_masking:
-            self.state[item.name]["u"].index_fill_(0, idx, 0)
-        return idx, v
+        return idx, v  # the sent values leave v, and u is masked there, in pick (self.memory.sent)
 
     # -- the bucketed path --------------------------------------------------------------------
     def bucketed(self, items: list[Item]) -> bool:
@@ -268,7 +259,7 @@ class DGC(Stochastic, SparseCompressor):
 
     def _bucket_of(self, items: list[Item]) -> Bucket:
         bucket = self.buckets.of("dgc", items)
-        bucket.adopt(self.state, ("u", "v") if self.momentum_correction else ("v",))
+        bucket.adopt(self.state, self.memory.keys)
         return bucket
 
     def steps(self, items: list[Item], phases: Phases) -> Steps:
@@ -279,34 +270,14 @@ class DGC(Stochastic, SparseCompressor):
         with phases("compress"):
             bucket = self._bucket_of(items)
             g = bucket.gather(items)
-            v = bucket.buffers["v"]
-            u = bucket.buffers.get("u")
-            momentum, nesterov = items[0].momentum, items[0].nesterov
-            if u is None:
-                v.add_(g)
-            elif nesterov:
-                u.add_(g).mul_(momentum)
-                v.add_(u).add_(g)
-            else:
-                torch.add(g, u, alpha=momentum, out=u)
-                v.add_(u)
+            v = self.memory.compensate(g, bucket.buffers, items[0].momentum, items[0].nesterov)
             plan = bucket.plans.get(density)
             if plan is None:
                 plan = bucket.plans[density] = segselect.Plan(
                     bucket, density, self.sample_ratio, self.lower_bound, self.max_adaptations
                 )
             sel = segselect.select(v, bucket, plan, self.generator)
-            values = v[sel.positions]
-            value_dtype = self.wire.value_dtype
-            if value_dtype != torch.float32:
-                limit = torch.finfo(value_dtype).max
-                values.clamp_(-limit, limit)
-                values = values.to(value_dtype).to(v.dtype)
-                v[sel.positions] -= values  # the 16-bit rounding error and a clamped excess stay in the residual
-            else:
-                v.index_fill_(0, sel.positions, 0)
-            if u is not None and self.momentum_masking:
-                u.index_fill_(0, sel.positions, 0)
+            values = self.memory.sent(bucket.buffers, sel.positions, self.wire.value_dtype)
             for name, threshold in zip(bucket.layout.names, sel.thresholds):
                 if threshold is None:
                     self.thresholds.pop(name, None)

@@ -15,13 +15,15 @@ allgather; every worker decodes all messages and averages them. Selected by
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from dgc import bits
+from dgc.bucket import Buckets
 from dgc.collectives import Allgather, Steps
-from dgc.compressors.base import Compressor, Item, flat_views
+from dgc.compressors.base import Compressor, CompressorConfig, Item
+from dgc.memory import Memory, Residual
 from dgc.timing import Phases
 
 
@@ -40,19 +42,25 @@ class OneBit(Compressor):
 
     name: ClassVar[str] = "1bit"
 
+    def __init__(self, config: CompressorConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.buckets = Buckets()
+
+    def make_memory(self) -> Memory:
+        return Residual()
+
     def steps(self, items: list[Item], phases: Phases) -> Steps:
         if not items:
             return
         sizes = [it.grad.numel() for it in items]
         with phases("compress"):
-            x = torch.cat(flat_views(items)).float()
-            residuals = [self.tensor_state(it, "residual")[0] for it in items]
-            x.add_(torch.cat(residuals))
+            bucket = self.buckets.of("1bit", items)
+            bucket.adopt(self.state, self.memory.keys)
+            x = self.memory.compensate(bucket.gather(items), bucket.buffers)  # g + e
             counts = torch.tensor(sizes, device=x.device)
-            scales = torch.stack([p.abs().mean() for p in x.split(sizes)])
-            sent = torch.where(x >= 0, 1.0, -1.0).mul_(torch.repeat_interleave(scales, counts))
-            for res, part in zip(residuals, x.sub_(sent).split(sizes)):  # x becomes what was not sent
-                res.copy_(part)
+            scales = torch.stack([p.abs().mean() for p in x.split(sizes)]).float()
+            sent = torch.where(x >= 0, 1.0, -1.0).to(x.dtype).mul_(torch.repeat_interleave(scales, counts))
+            self.memory.update(bucket.buffers, sent)  # e = g + e - sent: what was not sent
             message = torch.cat([scales.view(torch.uint8), pack_signs(sent)])
         rows = yield Allgather(message)
         with phases("decompress"):
@@ -60,8 +68,7 @@ class OneBit(Compressor):
             all_scales = rows[:, : 4 * t].reshape(-1).view(torch.float32).view(-1, t)  # [world, tensors]
             all_signs = unpack_signs(rows[:, 4 * t :], x.numel())  # [world, n]
             mean = (all_signs * torch.repeat_interleave(all_scales, counts, dim=1)).mean(0)
-            for it, part in zip(items, mean.split(sizes)):
-                it.grad.view(-1).copy_(part)
+            bucket.scatter(items, mean)
 
     @staticmethod
     def message_bytes(numels: list[int]) -> int:

@@ -34,6 +34,7 @@ from dgc import seeding
 from dgc.bucket import Bucket, Buckets, Layout
 from dgc.collectives import AllreduceMean, Steps
 from dgc.compressors.base import Compressor, CompressorConfig, Item, check_int, register
+from dgc.memory import Memory, Residual
 from dgc.timing import Phases
 
 
@@ -93,14 +94,17 @@ class PowerSGD(Compressor):
         """The buffers and views of these tensors (made again when they change), with the state adopted."""
         bucket = self.buckets.of("powersgd", low) if low else None
         dense_layout = Layout.of(dense) if dense else None
+        if bucket is not None and self.error_feedback:
+            bucket.adopt(self.state, self.memory.keys)  # before the plan: its matrices are views of the error
         plan = self._last_plan
         if plan is None or plan.bucket is not bucket or plan.dense_layout != dense_layout:
             plan = self._last_plan = _Plan(bucket, dense_layout, self.rank_r, self)
         if bucket is not None:
-            if self.error_feedback:
-                bucket.adopt(self.state, ("error",))
             plan.adopt_q(self)
         return plan
+
+    def make_memory(self) -> Memory:
+        return Residual("error")
 
     def steps(self, items: list[Item], phases: Phases) -> Steps:
         if not items:
@@ -113,9 +117,9 @@ class PowerSGD(Compressor):
         with phases("compress"):
             plan = self._plan(low, dense)
             if low:
-                matrix = plan.bucket.gather(low)
-                if self.error_feedback:
-                    matrix.add_(plan.bucket.buffers["error"])
+                g = plan.bucket.gather(low)
+                if self.error_feedback:  # M = g + e, in the error buffer (the plan's matrices are its views)
+                    self.memory.compensate(g, plan.bucket.buffers)
                 if not self.warm_start:
                     plan.q.copy_(plan.q0)
                 for g in plan.groups:
@@ -135,8 +139,8 @@ class PowerSGD(Compressor):
             with phases("decompress"):
                 for g in plan.groups:
                     torch.bmm(g.p_orth, g.q_t, out=g.approx)
-                if self.error_feedback:
-                    torch.sub(matrix, plan.scratch, out=plan.bucket.buffers["error"])
+                if self.error_feedback:  # e = M - P Q^T
+                    self.memory.update(plan.bucket.buffers, plan.scratch)
                 torch._foreach_copy_([it.grad for it in low], plan.approx_views)
             phases.counters["values_sent"] += plan.p_numel + plan.q.numel()
 
@@ -184,8 +188,10 @@ class _Plan:
         p_orth, r_buf = empty(self.p_numel), empty(sum(c * r * r for c, n, m, r in sizes))
         self.groups: list[_Group] = []
         at_m = at_p = at_q = at_r = 0
+        # the matrices M: the error buffer, where error feedback makes g + e, or the gradient
+        matrices = (bucket.buffers["error"] if comp.error_feedback else bucket.grad) if bucket else None
         for c, n, m, r in sizes:
-            mm = bucket.grad[at_m : at_m + c * n * m].view(c, n, m)
+            mm = matrices[at_m : at_m + c * n * m].view(c, n, m)
             qq = self.q[at_q : at_q + c * m * r].view(c, m, r)
             self.groups.append(_Group(
                 mm, mm.transpose(1, 2), self.first[at_p : at_p + c * n * r].view(c, n, r),

@@ -75,15 +75,8 @@ class SparseCompressor(Compressor):
         values, positions, accumulators = [], [], []
         for it in items:
             idx, acc = self.select(it, density, phases)
-            val = acc[idx]
-            if value_dtype != torch.float32:
-                # fp16 overflows above 65504: send the largest finite value; the excess stays in the residual
-                limit = torch.finfo(value_dtype).max
-                val.clamp_(-limit, limit)
-                val = val.to(value_dtype).to(acc.dtype)
-                acc[idx] -= val  # the 16-bit rounding error and a clamped excess stay in the residual
-            else:
-                acc[idx] = 0
+            # fp16 overflows above 65504: the largest finite value is sent, the excess stays in the residual
+            val = self.memory.sent(self.state[it.name], idx, value_dtype)
             positions.append(idx)
             values.append(val)
             accumulators.append(acc)

@@ -9,6 +9,7 @@ import torch
 
 from dgc.compressors.base import Item, register
 from dgc.compressors.sparse import SparseCompressor, SparseConfig
+from dgc.memory import Memory, Residual
 from dgc.select import exact_topk, target_count
 from dgc.timing import Phases
 
@@ -26,8 +27,10 @@ class TopK(SparseCompressor):
     name: ClassVar[str] = "topk"
     config_class = TopKConfig
 
+    def make_memory(self) -> Memory:
+        return Residual()
+
     def select(self, item: Item, density: float, phases: Phases) -> tuple[torch.Tensor, torch.Tensor]:
-        (residual,) = self.tensor_state(item, "residual")
-        residual.add_(item.grad.view(-1))
+        residual = self.memory.compensate(item.grad.view(-1), self.memory_buffers(item))
         idx = exact_topk(residual, target_count(residual.numel(), density))
         return idx, residual
