@@ -74,7 +74,7 @@ bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/perform
 	  --out results/bench/cluster_sar_$${n}x1.json || exit 1; done
 	$(CLUSTER) --nodes 4 --ranks-per-node 2 $(RN50) --methods none,dgc,dgc_hierarchical --out results/bench/cluster_4x2_rerun.json
 	$(CLUSTER) --nodes 8 $(RN50) --methods none,dgc,dgc_sparse_allreduce --out results/bench/cluster_sar_8x1_rerun.json
-	$(PY) -m dgc.costmodel results/bench/cluster_4x2.json results/bench/cluster_sar_2x1.json \
+	$(PY) -m dgc.bench costmodel results/bench/cluster_4x2.json results/bench/cluster_sar_2x1.json \
 	  results/bench/cluster_sar_4x1.json results/bench/cluster_sar_8x1.json --out results/bench/costmodel.json
 
 gpu-check: install ## (GPU machine) the whole GPU check in one command, ~8 min: gpu tests, every task on CUDA, every collective on NCCL, compress timing, cluster bench; results/gpu/

@@ -45,11 +45,11 @@ effective bandwidth is efficiency x the nominal rate, the fp16 reduction cost; a
 model, fitted non-negative) from the measured communicate times of all methods. The report
 lists every measured exchange next to its prediction (CPU + network).
 
-``python -m dgc.costmodel results/bench/cluster_n2.json results/bench/cluster_n4.json ...``
+``python -m dgc.bench costmodel results/bench/cluster_n2.json results/bench/cluster_n4.json ...``
 writes ``results/bench/costmodel.json`` and ``costmodel.png`` (speed-up against the number of
 machines of 8 GPUs at 1, 10 and 25 Gbps). Speed-up: ``N * T_compute / (T_compute + T_exchange(N))``
 (no overlap of computation and communication), for a given per-worker compute time per step.
-``python -m dgc.costmodel --explain --machines 128 --ranks-per-node 8 --rate 1gbit`` prints the
+``python -m dgc.bench costmodel --explain --machines 128 --ranks-per-node 8 --rate 1gbit`` prints the
 predicted exchange of every DGC exchange for one setting and the one :func:`choose_exchange` picks
 (what ``sync.exchange=auto`` does at start-up: "hierarchical is 8.90x faster than flat" compares exchange
 times alone), then the speed-up over one worker of a whole step with ``--compute-s`` of compute, the
@@ -58,16 +58,12 @@ projection's quantity (at 128 x 8 and 1 Gbps, hierarchical's is 7.96x flat's: th
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from dgc import atomic
 
 RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 
@@ -365,7 +361,7 @@ def scaled(w: StepBytes, numel: int, density: float | None = None) -> StepBytes:
 
 def auto_exchange(report: str, numel: int, world_size: int, ranks_per_node: int, rate: str,
                   density: float) -> tuple[str, str]:  # fmt: skip
-    """``sync.exchange=auto``: the exchange the calibrated model (the report ``python -m dgc.costmodel`` wrote)
+    """``sync.exchange=auto``: the exchange the calibrated model (the report ``python -m dgc.bench costmodel`` wrote)
     predicts fastest for this run, and why. ValueError when the report cannot be read."""
     if world_size == 1:
         return "flat", "one rank: nothing to exchange"
@@ -429,174 +425,6 @@ def speedups(params: dict[str, float], w: StepBytes, rate: str, compute_s: float
         ]
     return out
 
-
-# -- command line ------------------------------------------------------------------------
-def plot(report: dict[str, Any], path: Path) -> Path:
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    proj = report["projection"]
-    fig, axes = plt.subplots(1, len(proj["speedup"]), figsize=(5.2 * len(proj["speedup"]), 4.2), sharey=True)
-    r = proj["ranks_per_node"]
-    workers = [m * r for m in proj["machines"]]
-    for ax, (rate, curves) in zip(axes, proj["speedup"].items()):
-        for method, values in curves.items():
-            ax.plot(proj["machines"], values, marker="o", ms=3, label=method)
-        ax.plot(proj["machines"], workers, color="grey", ls=":", lw=1, label="linear")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.set_xlabel(f"machines of {r} GPUs")
-        ax.set_title(f"{proj['model']} at {rate}, compute {proj['compute_s']} s/step", fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("speed-up over one worker")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic.write_bytes(path, buf.getvalue())
-    return path
-
-
-MACHINES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-RATES = ("1gbit", "10gbit", "25gbit")
-
-
-def _load(paths: Sequence[str], prog: str) -> list[dict[str, Any]]:
-    results = []
-    for f in paths:
-        try:
-            results.append(json.loads(Path(f).read_text()))
-        except (OSError, json.JSONDecodeError) as e:
-            raise SystemExit(f"{prog}: error: cannot read {f}: {e}") from None
-    return results
-
-
-def explain(args: argparse.Namespace, prog: str) -> int:
-    """Print the exchange ``sync.exchange=auto`` would pick for one setting, from a calibrated report."""
-    try:
-        report = json.loads(Path(args.params).read_text())
-        params, w = report["params"], StepBytes(**report["projection"]["workload"])
-        rate_bytes(args.rate)
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        print(f"{prog}: error: cannot read the calibrated model {args.params}: {e}; make it with "
-              "python -m dgc.costmodel <cluster bench JSON files>", file=sys.stderr)  # fmt: skip
-        return 2
-    if args.numel:
-        w = scaled(w, args.numel)
-    best, times, reason = choose_exchange(params, w, args.machines, args.ranks_per_node, args.rate,
-                                          args.local_gbps * 1e9 / 8)  # fmt: skip
-    # the choice compares exchange times alone; a training step adds the compute (no overlap), so the ratio of
-    # the speed-ups (the projection's quantity, costmodel.png) is smaller than the ratio of the exchange times
-    n, compute = args.machines * args.ranks_per_node, args.compute_s
-    speedup = {name: n * compute / (compute + t) for name, t in times.items()}
-    shown = ", ".join(f"{name} {s:.1f}x" for name, s in speedup.items())
-    versus = f" ({best} {speedup[best] / speedup['flat']:.2f}x flat's)" if best != "flat" else ""
-    print(f"exchange=auto -> {best}: {reason} (exchange time alone); a whole step with {compute:g} s of compute "
-          f"per step (--compute-s, no overlap): speed-up over one worker {shown}{versus}")  # fmt: skip
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    prog = "python -m dgc.costmodel"
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="*", help="cluster bench JSON files (exchange mode), e.g. at 2, 4 and 8 nodes")
-    p.add_argument(
-        "--compute-s",
-        type=float,
-        default=0.2,
-        help="per-worker compute per step for the projection and --explain's speed-ups (default 0.2 s)",
-    )
-    p.add_argument("--out", default="runs/bench/costmodel.json", help="(default: %(default)s; make: results/bench)")
-    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks per machine (projection, --explain; default 8)")
-    p.add_argument(
-        "--local-gbps",
-        type=float,
-        default=400.0,
-        help="a machine's local bus, Gbit/s per direction (projection, --explain; default 400 = 50 GB/s)",
-    )
-    p.add_argument("--explain", action="store_true", help="print the exchange auto picks for --machines etc.")
-    p.add_argument("--machines", type=int, default=128, help="--explain: number of machines (default 128)")
-    p.add_argument("--rate", default="1gbit", help="--explain: network rate per machine (default 1gbit)")
-    p.add_argument("--numel", type=int, default=0, help="--explain: gradient values (default: the calibration model's)")
-    p.add_argument("--params", default="results/bench/costmodel.json", help="--explain: the calibrated report")
-    args = p.parse_args(argv)
-    for name in ("ranks_per_node", "machines"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    try:
-        rate_bytes(args.rate)
-    except ValueError as e:
-        p.error(str(e))
-    if args.explain:
-        return explain(args, prog)
-    if not args.runs:
-        p.error("give the cluster bench JSON files to calibrate on (or --explain)")
-    try:
-        results = _load(args.runs, prog)
-    except SystemExit as e:
-        print(e, file=sys.stderr)
-        return 2
-    params, obs = calibrate(results)
-    loo = leave_one_out(results)
-    w = workloads_from(obs)
-    r, local = args.ranks_per_node, args.local_gbps * 1e9 / 8
-    speed = {rate: speedups(params, w, rate, args.compute_s, MACHINES, r, local) for rate in RATES}
-    report = {
-        "model_description": "alpha-beta ring collectives + CPU seconds per value x contention; see dgc/costmodel.py",
-        "calibrated_on": [str(f) for f in args.runs],
-        "params": params,
-        "observations": obs,
-        "max_abs_error": max(abs(o["error"]) for o in obs),
-        "leave_one_out": loo,
-        "leave_one_out_max_abs_error": max((abs(o["error"]) for o in loo), default=None),
-        "projection": {
-            "model": max(results, key=lambda x: x["nodes"])["model"],
-            "workload": w.__dict__,
-            "compute_s": args.compute_s,
-            "ranks_per_node": r,
-            "local_gbps": args.local_gbps,
-            "machines": MACHINES,
-            "assumptions": f"{r} ranks per machine on a {args.local_gbps:g} Gbit/s local bus, one network link per "
-            "machine; no CPU contention (CPU costs as calibrated, at contention 1)",
-            "speedup": speed,
-            "choice": {rate: [choose_exchange(params, w, M, r, rate, local)[0] for M in MACHINES] for rate in RATES},
-        },
-    }
-    out = Path(args.out)
-    atomic.write_bytes(out, (json.dumps(report, indent=2) + "\n").encode())
-    plot(report, out.with_suffix(".png"))
-    for o in obs:
-        print(
-            f"{o['method']:20s} N={o['nodes']:<2d} R={o['ranks_per_node']} measured {o['measured'] * 1e3:8.1f} ms  "
-            f"predicted {o['predicted'] * 1e3:8.1f} ms  ({o['error'] * 100:+.0f}%)",
-            file=sys.stderr,
-        )
-    for o in loo:
-        print(
-            f"held out: {o['method']:20s} N={o['nodes']:<2d} measured {o['measured'] * 1e3:8.1f} ms  "
-            f"predicted {o['predicted'] * 1e3:8.1f} ms  ({o['error'] * 100:+.0f}%)",
-            file=sys.stderr,
-        )
-    print(
-        json.dumps(
-            {
-                "params": params,
-                "max_abs_error": report["max_abs_error"],
-                "leave_one_out_max_abs_error": report["leave_one_out_max_abs_error"],
-            },
-            indent=2,
-        )
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 __all__ = ["CostModel", "Network", "StepBytes", "Workload", "auto_exchange", "calibrate", "choose_exchange",
            "rate_bytes", "speedups"]  # fmt: skip

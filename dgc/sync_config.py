@@ -35,7 +35,7 @@ class SyncConfig:
     accumulate: str = "gradients"
     #: exchange=auto: the network rate per machine (a tc rate: 1gbit, 10gbit, 25gbit)
     bandwidth: str = "1gbit"
-    #: exchange=auto: the report of ``python -m dgc.costmodel`` (make bench-cluster writes this one)
+    #: exchange=auto: the report of ``python -m dgc.bench costmodel`` (make bench-cluster writes this one)
     costmodel: str = "results/bench/costmodel.json"
 
     def __post_init__(self) -> None:

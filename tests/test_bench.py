@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dgc import presets
 from dgc.bench.common import configurations
+from dgc.repro import presets
 
 ROOT = Path(__file__).resolve().parents[1]
 RESNET50_NUMEL = 25_557_032

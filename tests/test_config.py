@@ -18,8 +18,7 @@ from omegaconf import OmegaConf
 
 import dgc
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
-from dgc import presets
-from dgc.repro import rundir
+from dgc.repro import presets, rundir
 from dgc.repro.config import Config
 from tests.datafiles import write_fmnist
 
@@ -59,7 +58,7 @@ def test_every_task_with_every_compressor(task, compression):
 
 @pytest.mark.parametrize("name", COMPRESSORS)
 def test_benchmarks_build_the_presets_hydra_composes(name):
-    """dgc.presets (benchmarks, demo) reads the same files: the same compressor and sync settings."""
+    """dgc.repro.presets (benchmarks, demo) reads the same files: the same compressor and sync settings."""
     cfg = compose_config("task=cifar10_resnet20", f"compression={name}")  # a task that sets no sync option
     task = {"compression_warmup_epochs": cfg.task.compression_warmup_epochs, "local_clip_norm": 0.5}
     spec = presets.preset(name, task=task)

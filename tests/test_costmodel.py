@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dgc import costmodel
+from dgc.bench import main as bench_main
 from dgc.costmodel import CostModel, Network, Workload
 
 NUMEL = 25_557_032
@@ -85,7 +86,7 @@ def test_command_line_writes_report_and_plot(tmp_path: Path, capsys: pytest.Capt
         f.write_text(json.dumps(synthetic_run(n)))
         files.append(str(f))
     out = tmp_path / "costmodel.json"
-    assert costmodel.main([*files, "--out", str(out), "--ranks-per-node", "1"]) == 0
+    assert bench_main(["costmodel", *files, "--out", str(out), "--ranks-per-node", "1"]) == 0
     report = json.loads(out.read_text())
     assert report["max_abs_error"] < 1e-6 and out.with_suffix(".png").stat().st_size > 0
     assert set(report["projection"]["speedup"]) == {"1gbit", "10gbit", "25gbit"}
@@ -98,7 +99,7 @@ def test_command_line_writes_report_and_plot(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_unreadable_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert costmodel.main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "c.json")]) == 2
+    assert bench_main(["costmodel", str(tmp_path / "missing.json"), "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot read" in err and not (tmp_path / "c.json").exists()
 
@@ -167,7 +168,7 @@ def report_file(tmp_path: Path) -> Path:
         f.write_text(json.dumps(exchange_run(m, r)))
         files.append(str(f))
     out = tmp_path / "costmodel.json"
-    assert costmodel.main([*files, "--out", str(out)]) == 0
+    assert bench_main(["costmodel", *files, "--out", str(out)]) == 0
     return out
 
 
@@ -179,7 +180,10 @@ def test_auto_choice_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert costmodel.auto_exchange(str(report), NUMEL, 1, 1, "1gbit", 0.001)[0] == "flat"
     # one rank per machine: hierarchical is exactly flat and not considered
     assert "hierarchical" not in costmodel.auto_exchange(str(report), NUMEL, 8, 1, "1gbit", 0.001)[1]
-    assert costmodel.main(["--explain", "--machines", "128", "--ranks-per-node", "8", "--params", str(report)]) == 0
+    assert (
+        bench_main(["costmodel", "--explain", "--machines", "128", "--ranks-per-node", "8", "--params", str(report)])
+        == 0
+    )
     line = capsys.readouterr().out.strip()
     assert line.startswith("exchange=auto -> hierarchical: 128 machine(s) x 8 rank(s)") and "\n" not in line
     with pytest.raises(ValueError, match="sync.exchange=auto needs a calibrated cost model"):

@@ -125,8 +125,8 @@ def test_the_report_command_writes_where_the_readme_says_with_a_run_missing(tmp_
 
 def test_the_cost_model_numbers_are_what_explain_prints():
     """README quotes two ratios of hierarchical to flat DGC at 128 x 8, 1 Gbps: of the exchange times and of the
-    speed-ups of a whole step; `python -m dgc.costmodel --explain` prints both, and the README names it."""
-    cmd = [sys.executable, "-m", "dgc.costmodel", "--explain", "--machines", "128", "--ranks-per-node", "8"]
+    speed-ups of a whole step; `python -m dgc.bench costmodel --explain` prints both, and the README names it."""
+    cmd = [sys.executable, "-m", "dgc.bench", "costmodel", "--explain", "--machines", "128", "--ranks-per-node", "8"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     exchange = re.search(r"hierarchical is ([\d.]+)x faster than flat \(exchange time alone\)", out.stdout)
@@ -135,7 +135,7 @@ def test_the_cost_model_numbers_are_what_explain_prints():
     text = " ".join(section("Performance").split())
     assert f"hierarchical DGC's speed-up over one worker is {speedup[1]}x flat DGC's, for a whole step" in text
     assert f"its exchange alone is {exchange[1]}x faster than flat's" in text
-    assert "`python -m dgc.costmodel --explain --machines 128 --ranks-per-node 8` prints both" in text
+    assert "`python -m dgc.bench costmodel --explain --machines 128 --ranks-per-node 8` prints both" in text
 
 
 def test_the_local_cluster_is_run_as_root_and_stop_keeps_what_purge_removes():

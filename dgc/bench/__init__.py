@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m dgc.bench {select,wire,ops,cluster,gpu}``.
+"""Benchmarks: ``python -m dgc.bench {select,wire,ops,cluster,costmodel,gpu}``.
 
 * ``select``: DGC's compression step on one large tensor against exact top-k and
   one plain memory pass, interleaved in one run (:mod:`dgc.bench.select`);
@@ -8,6 +8,8 @@
   a GPU pays per step in launches and stalls (:mod:`dgc.bench.ops`);
 * ``cluster``: exchange time of every method (or real training steps, ``--e2e``) on an
   emulated cluster of network namespaces with shaped links; needs root (:mod:`dgc.bench.cluster`);
+* ``costmodel``: the cost model (:mod:`dgc.costmodel`) calibrated on ``cluster`` runs and projected to
+  real clusters; ``--explain`` prints what ``sync.exchange=auto`` picks (:mod:`dgc.bench.costmodel`);
 * ``gpu``: the whole GPU check in one command, ``make gpu-check`` (:mod:`dgc.bench.gpu`; JSON files
   and a summary under ``--out-dir``; ``--self-test`` runs it on the CPU).
 
@@ -23,10 +25,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dgc.bench import cluster, gpu, ops, select, wire
+from dgc.bench import cluster, costmodel, gpu, ops, select, wire
 from dgc.bench.common import BenchError, OneLineParser
 
-COMMANDS = {"select": select, "wire": wire, "ops": ops, "cluster": cluster, "gpu": gpu}
+COMMANDS = {"select": select, "wire": wire, "ops": ops, "cluster": cluster, "costmodel": costmodel, "gpu": gpu}
 
 
 def build_parser() -> OneLineParser:

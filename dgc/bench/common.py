@@ -17,7 +17,8 @@ from typing import Any, NoReturn
 
 import torch
 
-from dgc import atomic, distributed, presets
+from dgc import atomic, distributed
+from dgc.repro import presets
 
 #: measured besides the compression presets: name -> (preset, overrides)
 VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {

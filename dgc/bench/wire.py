@@ -2,7 +2,7 @@
 
 The model (any torchvision classification model, built with ``weights=None``, so
 nothing is downloaded) gives the real parameter shapes. For every compression preset of
-``conf/compression/`` (:mod:`dgc.presets`: what ``python -m dgc.train compression=<name>`` uses),
+``conf/compression/`` (:mod:`dgc.repro.presets`: what ``python -m dgc.train compression=<name>`` uses),
 plus the variants ``dgc_int32`` (int32 indices), ``dgc_fp16`` (fp16 values) and ``dgc_rice``
 (Rice-coded index gaps), with the sparse ones at ``--density``, the preset's
 :class:`dgc.GradientSync` and a :class:`dgc.SGD` (lr 0.1, momentum 0.9) run ``--steps`` steps in

@@ -23,7 +23,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from dgc import atomic, presets
+from dgc import atomic
+from dgc.repro import presets
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
