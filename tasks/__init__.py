@@ -1,15 +1,21 @@
 """Tasks: models, data and metrics of the paper's experiments (installed as ``dgc.tasks``).
 
-``build_task(cfg, info)`` picks the task family from ``cfg.task.kind``.
+``build_task(cfg, info)`` picks the task family from ``cfg.task.kind``. The tasks sit below the reproduction
+framework: they read its run config (:class:`dgc.repro.config.Config`, a type only) and never import
+:mod:`dgc.repro` at run time, which imports them (``dgc.repro.trainer``).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from dgc.tasks.base import Task
 
 from dgc.distributed import DistInfo
 from dgc.registry import Registry
-from dgc.repro.config import Config
+
+if TYPE_CHECKING:
+    from dgc.repro.config import Config
 
 #: task families by ``task.kind``, each imported on first use (their modules import data and model code)
 TASK_KINDS: Registry[type[Task]] = Registry("task kind")

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from dgc import seeding
 from dgc.distributed import DistInfo
-from dgc.repro.config import Config
+
+if TYPE_CHECKING:
+    from dgc.repro.config import Config  # a type only: dgc.repro imports the tasks, not the other way round
 
 
 class DataError(ValueError):

@@ -1,4 +1,4 @@
-"""TernGrad and PowerSGD on a flat bucket equal their per-tensor definitions, on 2 real ranks.
+"""TernGrad, PowerSGD and top-k on a flat bucket equal their per-tensor definitions, on 2 real ranks.
 
 The references below are each paper's step written tensor by tensor (what these compressors did before they
 moved onto one bucket), issuing the same collectives through a :class:`~dgc.comm.Comm`. Over 20 steps of a
@@ -14,7 +14,7 @@ import torch
 
 from dgc import bits, seeding
 from dgc.comm import Comm
-from dgc.compressors import PowerSGD, TernGrad
+from dgc.compressors import PowerSGD, TernGrad, TopK
 from dgc.compressors.base import Item
 from dgc.timing import Phases
 from tests.multiproc import run
@@ -134,14 +134,51 @@ CASES = [
 ]
 
 
+def _topk_both(rank, options, big):
+    """The bucketed top-k against the per-tensor path (``use_buckets = False``): the same averaged gradients and
+    residuals, bit for bit, over 20 steps (``big``: a tensor of 300,000 values too, where gaps need escape words)."""
+    comm = Comm()
+    comps = [TopK(**options), TopK(**options)]
+    comps[1].use_buckets = False
+    for comp in comps:
+        comp.bind(comm)
+    shapes = SHAPES + ([(300, 1000)] if big else [])
+    equal = []
+    for step in range(20):
+        gen = torch.Generator().manual_seed(1000 * rank + step)
+        grads = [torch.randn(s, generator=gen) for s in shapes]
+        got = []
+        for comp in comps:
+            items = [Item(f"t{i}", g, g.clone()) for i, g in enumerate(grads)]
+            comp.exchange(items, comm, Phases())
+            got.append([it.grad for it in items])
+        equal += [torch.equal(a, b) for a, b in zip(*got, strict=True)]
+        equal += [torch.equal(comps[0].state[n]["residual"], comps[1].state[n]["residual"]) for n in comps[1].state]
+    return equal
+
+
+#: (options, with the big tensor): densities where small tensors send everything, both index formats, 16-bit values
+TOPK_CASES = [
+    ({"density": 0.1}, False),
+    ({"density": 0.3, "wire_indices": "int32"}, False),
+    ({"density": 0.05, "wire_values": "fp16"}, False),
+    ({"density": 0.00001}, True),
+    ({"density": 0.00001, "wire_indices": "int32"}, True),
+]
+
+
 def _every_case(rank, world):
-    return [_both(rank, world, name, options, exact) for name, options, exact in CASES]
+    torch.set_num_threads(1)
+    return ([_both(rank, world, name, options, exact) for name, options, exact in CASES],
+            [_topk_both(rank, options, big) for options, big in TOPK_CASES])  # fmt: skip
 
 
 def test_on_two_ranks_the_bucket_equals_the_per_tensor_definition():
-    for per_rank in run(_every_case, 2):  # one pair of processes for every case
+    for per_rank, topk in run(_every_case, 2):  # one pair of processes for every case
         for (name, options, _), equal in zip(CASES, per_rank, strict=True):
             assert equal and all(equal), (name, options, equal.index(False))
+        for (options, _), equal in zip(TOPK_CASES, topk, strict=True):
+            assert equal and all(equal), ("topk", options, equal.index(False))
 
 
 def test_powersgd_groups_matrices_by_shape_and_keeps_state_by_name():

@@ -292,18 +292,7 @@ class DGC(Stochastic, SparseCompressor):
             message = wire.encode_known(values, local, sel.gaps, sel.counts, sel.words, self.wire)
         rows, _ = yield AllgatherBytes(message)
         with phases("decompress"):
-            positions, received, ends = wire.decode_known(rows, bucket.layout.offsets, self.wire)
-            received = received.to(g.dtype)
-            if rows.shape[0] > 1:
-                received.div_(rows.shape[0])
-            g.zero_()
-            if len(ends) == 1:  # one worker: no slicing
-                g.index_add_(0, positions, received)
-            else:  # worker after worker: duplicates sum in worker order, on every device
-                for start, end in zip([0, *ends[:-1]], ends):
-                    if end > start:
-                        g.index_add_(0, positions[start:end], received[start:end])
-            bucket.scatter(items)
+            self.decompress_bucket(rows, bucket, items)
 
     # -- state ---------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

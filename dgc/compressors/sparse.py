@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dgc import wire
+from dgc.bucket import Bucket
 from dgc.collectives import AllgatherBytes, Steps
 from dgc.compressors.base import Compressor, CompressorConfig, Item
 from dgc.schedule import DensitySchedule
@@ -93,6 +94,23 @@ class SparseCompressor(Compressor):
         rows, lengths = yield AllgatherBytes(message)
         with phases("decompress"):
             self.decompress(items, rows, lengths, rows.shape[0])
+
+    def decompress_bucket(self, rows: torch.Tensor, bucket: Bucket, items: list[Item]) -> None:
+        """Write the average of every worker's :func:`~dgc.wire.encode_known` message (the bucket's tensors, in its
+        order) into the items' gradients, through the bucket's gradient buffer."""
+        positions, received, ends = wire.decode_known(rows, bucket.layout.offsets, self.wire)
+        g = bucket.grad
+        received = received.to(g.dtype)
+        if rows.shape[0] > 1:
+            received.div_(rows.shape[0])
+        g.zero_()
+        if len(ends) == 1:  # one worker: no slicing
+            g.index_add_(0, positions, received)
+        else:  # worker after worker: duplicates sum in worker order, on every device
+            for start, end in zip([0, *ends[:-1]], ends):
+                if end > start:
+                    g.index_add_(0, positions[start:end], received[start:end])
+        bucket.scatter(items)
 
     def decompress(self, items: list[Item], rows: torch.Tensor, lengths: list[int], world_size: int) -> None:
         """Write the average of every worker's sparse message into the items' gradients.
