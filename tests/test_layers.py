@@ -10,7 +10,8 @@ import sys
 PROBE = """
 import json, sys
 import dgc, dgc.compressors, dgc.exchanges, dgc.costmodel, dgc.hook, dgc.localbus
-core = sorted(m for m in sys.modules if m.split(".")[0] in ("hydra", "omegaconf") or m.startswith(("dgc.repro", "dgc.bench", "dgc.tasks")))
+above = ("dgc.repro", "dgc.bench", "dgc.tasks")
+core = sorted(m for m in sys.modules if m.split(".")[0] in ("hydra", "omegaconf") or m.startswith(above))
 import dgc.tasks, dgc.tasks.classification, dgc.tasks.language_modeling, dgc.tasks.speech_recognition
 tasks = sorted(m for m in sys.modules if m.startswith("dgc.repro"))
 print(json.dumps({"core": core, "tasks": tasks}))
