@@ -22,8 +22,8 @@ class SyncConfig:
     policy: Policy = field(default_factory=Policy)
     #: exchange through DDP's communication hook instead of after backward() (trainer)
     ddp_hook: bool = False
-    #: how the compressed tensors travel: flat | hierarchical | sparse_allreduce (:mod:`dgc.exchanges`), or auto:
-    #: the one the calibrated cost model (``costmodel``) predicts fastest for this run at ``bandwidth``
+    #: how the compressed tensors travel: flat | densify | hierarchical | sparse_allreduce (:mod:`dgc.exchanges`), or
+    #: auto: the one the calibrated cost model (``costmodel``) predicts fastest for this run at ``bandwidth``
     exchange: str = "flat"
     #: ranks per machine for exchange=hierarchical (null: from the launcher, LOCAL_WORLD_SIZE or Slurm)
     ranks_per_node: int | None = None

@@ -206,7 +206,9 @@ def test_sync_config_auto(tmp_path: Path) -> None:
     assert cfg.choose(model, dgc.build_compressor("fp16"), SimpleNamespace(world_size=1024))[0] == "flat"
     sync = cfg.build(model, dgc.build_compressor("dgc"))  # one process: nothing to exchange
     assert sync.exchange.name == "flat" and "one rank" in sync.exchange_reason
-    with pytest.raises(ValueError, match="sync.exchange must be one of flat, hierarchical, sparse_allreduce, auto"):
+    with pytest.raises(
+        ValueError, match="sync.exchange must be one of flat, densify, hierarchical, sparse_allreduce, auto"
+    ):
         SyncConfig(exchange="ring")
     with pytest.raises(ValueError, match="unknown rate"):
         SyncConfig(exchange="auto", bandwidth="fast")

@@ -273,8 +273,51 @@ def _wrong_compressor(rank: int, world: int) -> str:
 def test_only_sparse_compressors_take_the_sparse_allreduce():
     # (hierarchical carries every compressor: test_hierarchical_carries_every_compressor)
     assert "is for the sparse compressors (dgc, topk), not 'qsgd'" in run(_wrong_compressor, 2)[0]
-    with pytest.raises(ValueError, match="valid: flat, hierarchical, sparse_allreduce"):
+    with pytest.raises(ValueError, match="valid: flat, densify, hierarchical, sparse_allreduce"):
         dgc.GradientSync(make_model(), dgc.build_compressor("dgc"), exchange="ring")
+
+
+# -- densify --------------------------------------------------------------------------------------------
+
+
+def _densify(rank: int, world: int) -> dict:
+    """flat and densify from the same gradients, at a density where the allgather is cheaper (0.01) and one where
+    the allreduce is (0.9: at 2 workers above 2/3 with 6-byte entries)."""
+    out = {}
+    for density in (0.01, 0.9):
+        for exchange in ("flat", "densify"):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(400, 500), torch.nn.Linear(500, 10))
+            sync = dgc.GradientSync(model, dgc.build_compressor("topk", density=density), exchange=exchange)
+            gen, grads = torch.Generator().manual_seed(rank), []
+            for _ in range(3):
+                for p in model.parameters():
+                    p.grad = torch.randn(p.shape, generator=gen)
+                stats = sync.step()
+                grads.append([p.grad.clone() for p in model.parameters()])
+            residual = {n: s["residual"].clone() for n, s in sync.compressor.state.items()}
+            out[density, exchange] = (grads, residual, stats.recv_bytes, stats.counters.get("densified", 0))
+    try:
+        dgc.GradientSync(make_model(), dgc.build_compressor("qsgd"), exchange="densify")
+    except ValueError as exc:
+        out["refused"] = str(exc)
+    return out
+
+
+def test_densify_allreduces_the_selections_when_that_moves_fewer_bytes():
+    for out in run(_densify, 2):
+        for density, exact in ((0.01, True), (0.9, False)):
+            (flat, flat_res, flat_recv, _), (dens, dens_res, dens_recv, densified) = (
+                out[density, "flat"], out[density, "densify"])  # fmt: skip
+            for a, b in zip(sum(flat, []), sum(dens, []), strict=True):
+                assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+            assert flat_res.keys() == dens_res.keys()
+            assert all(torch.equal(flat_res[n], dens_res[n]) for n in flat_res)  # the same left behind
+            if exact:
+                assert densified == 0 and dens_recv == flat_recv
+            else:
+                assert densified == 1 and dens_recv < 0.8 * flat_recv
+        assert "exchange=densify is for the sparse compressors (dgc, topk), not 'qsgd'" in out["refused"]
 
 
 # -- sparse allreduce -----------------------------------------------------------------------------------
