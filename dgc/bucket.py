@@ -57,10 +57,14 @@ class Layout:
 class Bucket:
     """Flat buffers of one :class:`Layout` and each tensor's views of them (see the module docstring)."""
 
-    def __init__(self, layout: Layout):
+    def __init__(self, layout: Layout, multiple: int = 1):
         self.layout = layout
         device = layout.device
-        self.grad = torch.empty(layout.total, dtype=layout.dtype, device=device)
+        #: the buffers' length: the layout's total, padded with zeros to a multiple of ``multiple`` (the padding is
+        #: no tensor's: it stays zero in the gradient, which a gather never writes there)
+        self.size = layout.total + (-layout.total % multiple)
+        self.multiple = multiple
+        self.grad = torch.zeros(self.size, dtype=layout.dtype, device=device)
         #: the gradient buffer's parts in the parameters' shapes (``_foreach_copy_`` in and out)
         self.grad_views = self.shaped(self.grad)
         self.buffers: dict[str, torch.Tensor] = {}
@@ -85,7 +89,7 @@ class Bucket:
         for key in keys:
             buf = self.buffers.get(key)
             if buf is None:
-                buf = self.buffers[key] = torch.zeros(self.layout.total, dtype=self.layout.dtype,
+                buf = self.buffers[key] = torch.zeros(self.size, dtype=self.layout.dtype,
                                                       device=self.layout.device)  # fmt: skip
                 self._views[key] = self.flat_views(buf)
             for name, view in zip(self.layout.names, self._views[key]):
@@ -123,9 +127,10 @@ class Buckets:
     def __contains__(self, key: str) -> bool:
         return key in self._by_key
 
-    def of(self, key: str, items: list[Item]) -> Bucket:
+    def of(self, key: str, items: list[Item], multiple: int = 1) -> Bucket:
+        """The bucket of ``key`` for these items (buffers padded to a multiple of ``multiple``)."""
         layout = Layout.of(items)
         bucket = self._by_key.get(key)
-        if bucket is None or bucket.layout != layout:
-            bucket = self._by_key[key] = Bucket(layout)
+        if bucket is None or bucket.layout != layout or bucket.multiple != multiple:
+            bucket = self._by_key[key] = Bucket(layout, multiple)
         return bucket

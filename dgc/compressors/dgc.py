@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from dgc import kernels, segselect, wire
+from dgc import chunkselect, kernels, segselect, wire
 from dgc.bucket import Bucket, Buckets
-from dgc.collectives import AllgatherBytes, Steps
+from dgc.collectives import Allgather, AllgatherBytes, Steps
 from dgc.compressors.base import Item, Stochastic, check_int, check_number, register
 from dgc.compressors.sparse import SparseCompressor, SparseConfig
 from dgc.memory import MomentumCorrection
@@ -25,6 +25,9 @@ from dgc.select import (
     use_kernel,
 )
 from dgc.timing import Phases
+
+#: ``DGCConfig.selection``
+SELECTIONS = ("sampled", "chunk")
 
 
 @dataclass
@@ -45,6 +48,12 @@ class DGCConfig(SparseConfig):
     momentum_masking: bool = True
     #: seed of the sampling offsets (each worker draws its own stream from (seed, rank): :class:`Stochastic`)
     seed: int = 0
+    #: sampled (the paper's: each tensor's own threshold, estimated from a sample) | chunk (the k largest |v| of
+    #: every chunk_size consecutive values of the flattened tensors: a fixed-size message, no threshold, no host
+    #: read; :mod:`dgc.chunkselect`)
+    selection: str = "sampled"
+    #: selection=chunk: values per chunk (k per chunk: density * chunk_size, at least 1)
+    chunk_size: int = 4096
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -53,6 +62,12 @@ class DGCConfig(SparseConfig):
         check_number(self.upper_bound, "upper_bound", 1, math.inf, low_open=False, high_open=True)
         check_int(self.max_adaptations, "max_adaptations", 0)
         check_int(self.reestimate_every, "reestimate_every", 1)
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}, got {self.selection!r}")
+        check_int(self.chunk_size, "chunk_size", 2)
+        if self.chunk_size > chunkselect.MAX_CHUNK:
+            raise ValueError(f"chunk_size must be at most {chunkselect.MAX_CHUNK} (16-bit indices), "
+                             f"got {self.chunk_size}")  # fmt: skip
 
 
 @register
@@ -263,6 +278,9 @@ class DGC(Stochastic, SparseCompressor):
         return bucket
 
     def steps(self, items: list[Item], phases: Phases) -> Steps:
+        if items and self.config.selection == "chunk":
+            yield from self._chunk_steps(items, phases)
+            return
         if not items or not self.bucketed(items):
             yield from super().steps(items, phases)
             return
@@ -293,6 +311,33 @@ class DGC(Stochastic, SparseCompressor):
         rows, _ = yield AllgatherBytes(message)
         with phases("decompress"):
             self.decompress_bucket(rows, bucket, items)
+
+    # -- selection=chunk ---------------------------------------------------------------------
+    @property
+    def picks_per_tensor(self) -> bool:
+        return self.config.selection != "chunk"
+
+    def _chunk_steps(self, items: list[Item], phases: Phases) -> Steps:
+        """The k largest ``|v|`` of every chunk of the bucket (:mod:`dgc.chunkselect`): a message of a size every
+        worker knows, one allgather, no host read."""
+        if len({(it.momentum, it.nesterov, it.grad.dtype, it.grad.device) for it in items}) != 1:
+            raise ValueError("compression.selection=chunk needs one momentum, dtype and device for every compressed "
+                             "tensor (one flat bucket); use selection=sampled")  # fmt: skip
+        chunk = self.config.chunk_size
+        with phases("compress"):
+            bucket = self.buckets.of("dgc-chunk", items, multiple=chunk)
+            bucket.adopt(self.state, self.memory.keys)
+            v = self.memory.compensate(bucket.gather(items), bucket.buffers, items[0].momentum, items[0].nesterov)
+            k = chunkselect.per_chunk(self.density(), chunk)
+            local, positions = chunkselect.select(v, chunk, k)
+            values = self.memory.sent(bucket.buffers, positions, self.wire.value_dtype)
+            phases.counters["values_sent"] += positions.numel()
+            phases.counters["values_target"] += positions.numel()
+            message = chunkselect.encode(values, local, self.wire.value_dtype)
+        rows = yield Allgather(message)
+        with phases("decompress"):
+            chunkselect.decode_mean_into(bucket.grad, rows, chunk, k, self.wire.value_dtype)
+            bucket.scatter(items)
 
     # -- state ---------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

@@ -62,6 +62,12 @@ class SparseCompressor(Compressor):
     def density(self) -> float:
         return self.schedule(self.epoch)
 
+    @property
+    def picks_per_tensor(self) -> bool:
+        """Whether :meth:`pick` gives this compressor's selection tensor by tensor (the exchanges that reduce the
+        selections themselves need it: sparse_allreduce, densify)."""
+        return True
+
     def select(self, item: Item, density: float, phases: Phases) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(ascending positions, accumulator)`` and leave the residual for the rest."""
         raise NotImplementedError

@@ -44,6 +44,11 @@ class Densify(Exchange):
     def check(self, compressor: Compressor) -> None:
         if not isinstance(compressor, SparseCompressor):
             raise ValueError(f"exchange=densify is for the sparse compressors (dgc, topk), not {compressor.name!r}")
+        if not compressor.picks_per_tensor:
+            raise ValueError(
+                "exchange=densify reduces selections tensor by tensor: not with compression.selection=chunk "
+                "(use flat or hierarchical)"
+            )
 
     def run(self, compressor: Compressor, items: list[Item], phases: Phases) -> None:
         assert isinstance(compressor, SparseCompressor)

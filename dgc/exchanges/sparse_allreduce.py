@@ -42,6 +42,11 @@ class SparseAllreduce(Exchange):
             raise ValueError(
                 f"exchange=sparse_allreduce is for the sparse compressors (dgc, topk), not {compressor.name!r}"
             )
+        if not compressor.picks_per_tensor:
+            raise ValueError(
+                "exchange=sparse_allreduce reduces selections tensor by tensor: not with compression.selection=chunk "
+                "(use flat or hierarchical)"
+            )
 
     def _regions(self, total: int, n: int, device: torch.device) -> torch.Tensor:
         if self.bounds is None or int(self.bounds[-1]) != total or self.bounds.numel() != n + 1:
