@@ -29,12 +29,13 @@ def main() -> None:
     p.add_argument("--density", type=float, default=0.001)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=9, help="timed steps (after 2 untimed ones)")
+    p.add_argument("--clip-norm", type=float, default=None, help="local clipping (the paper's DGC clips; default off)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = torchvision.models.get_model(args.model, weights=None)
     options = {"density": args.density} if args.method in ("dgc", "topk") else {}
-    sync = dgc.GradientSync(model, dgc.build_compressor(args.method, **options))
+    sync = dgc.GradientSync(model, dgc.build_compressor(args.method, **options), clip_norm=args.clip_norm)
     dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)
     params = [q for q in model.parameters() if q.requires_grad]
     gen = torch.Generator().manual_seed(1)
@@ -51,6 +52,7 @@ def main() -> None:
             compress_ms.append(1e3 * stats.compress_s)
     print(json.dumps({
         "dgc": dgc.__file__, "model": args.model, "method": args.method, "threads": args.threads,
+        "clip_norm": args.clip_norm,
         "step_ms": statistics.median(step_ms), "step_min_ms": min(step_ms),
         "compress_ms": statistics.median(compress_ms), "compress_min_ms": min(compress_ms),
     }))  # fmt: skip
