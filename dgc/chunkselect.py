@@ -53,8 +53,9 @@ def decode_mean_into(out: torch.Tensor, rows: torch.Tensor, chunk: int, k: int, 
     r's, all of one size), worker after worker so that entries at one position sum in worker order."""
     workers, n = rows.shape[0], out.numel() // chunk * k
     width = value_dtype.itemsize * n
-    values = rows[:, :width].contiguous().view(value_dtype).view(workers, n).to(out.dtype)
-    local = rows[:, width:].contiguous().view(torch.uint16).to(torch.int64).view(workers, -1, k)
+    # flat before the dtype views: one worker's row is a view whose row stride is the message's length, any number
+    values = rows[:, :width].contiguous().view(-1).view(value_dtype).view(workers, n).to(out.dtype)
+    local = rows[:, width:].contiguous().view(-1).view(torch.uint16).to(torch.int64).view(workers, -1, k)
     positions = (local + torch.arange(0, out.numel(), chunk, device=out.device).view(1, -1, 1)).view(workers, n)
     if workers > 1:
         values.div_(workers)

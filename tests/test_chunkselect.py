@@ -29,6 +29,19 @@ def test_each_chunk_sends_exactly_its_k_largest_magnitudes():
     assert chunkselect.per_chunk(1.0, 64) == 64
 
 
+def test_one_worker_decodes_a_message_of_any_length():
+    """At world size 1 the gathered row is a view of the message: 3 chunks x 1 value = 18 bytes, whose length is
+    not a multiple of the value's 4 bytes."""
+    comp = build_compressor("dgc", density=0.001, selection="chunk", chunk_size=64)
+    comm = Comm.local()
+    comp.bind(comm)
+    g = torch.arange(1.0, 151.0)
+    items = [Item("w", g, g.clone(), 0.0)]
+    comp.exchange(items, comm, Phases())
+    assert comm.reset_traffic().sent == 18
+    assert items[0].grad.nonzero().view(-1).tolist() == [63, 127, 149]  # each chunk's largest, the last one partial
+
+
 def reference(grads_by_rank, state, density, chunk, momentum):
     """DGC with chunk selection, re-derived on the concatenated tensors: u = m u + g, v += u, the k largest |v| of
     each chunk sent and cleared from v and u; the mean of every rank's sent values."""

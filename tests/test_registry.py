@@ -18,7 +18,7 @@ def test_every_family_uses_the_registry_and_names_the_valid_entries():
         with pytest.raises(ValueError) as err:
             registry.pick("nope")
         assert str(err.value) == f"unknown {kind} 'nope'; valid: {', '.join(registry)}"
-    assert list(EXCHANGES) == ["flat", "hierarchical", "sparse_allreduce"]
+    assert list(EXCHANGES) == ["flat", "densify", "hierarchical", "sparse_allreduce"]
     assert {"image", "language", "speech"} == set(TASK_KINDS)
 
 
