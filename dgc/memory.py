@@ -24,11 +24,14 @@ Buffers = dict[str, torch.Tensor]
 
 
 class Memory:
-    """Error feedback on the buffer ``keys[-1]`` (the accumulator)."""
+    """Error feedback on the buffer ``keys[-1]`` (the accumulator). This base keeps no buffers (``keys`` is empty):
+    it is the memory of the compressors without error feedback (dense, QSGD, TernGrad), which never call it."""
 
     keys: ClassVar[tuple[str, ...]] = ()
 
-    def compensate(self, g: torch.Tensor, buffers: Buffers, momentum: float = 0.0, nesterov: bool = False):  # noqa: ANN201
+    def compensate(
+        self, g: torch.Tensor, buffers: Buffers, momentum: float = 0.0, nesterov: bool = False
+    ) -> torch.Tensor:
         """Fold the gradient ``g`` (flat) into the accumulator and return it (a view of ``buffers``)."""
         raise NotImplementedError
 
@@ -58,7 +61,9 @@ class Residual(Memory):
     def __init__(self, key: str = "residual") -> None:
         self.keys = (key,)  # type: ignore[misc]
 
-    def compensate(self, g: torch.Tensor, buffers: Buffers, momentum: float = 0.0, nesterov: bool = False):  # noqa: ANN201
+    def compensate(
+        self, g: torch.Tensor, buffers: Buffers, momentum: float = 0.0, nesterov: bool = False
+    ) -> torch.Tensor:
         return buffers[self.keys[0]].add_(g)
 
 
@@ -71,7 +76,9 @@ class MomentumCorrection(Memory):
         self.correction, self.masking = correction, masking
         self.keys = ("u", "v") if correction else ("v",)  # type: ignore[misc]
 
-    def compensate(self, g: torch.Tensor, buffers: Buffers, momentum: float = 0.0, nesterov: bool = False):  # noqa: ANN201
+    def compensate(
+        self, g: torch.Tensor, buffers: Buffers, momentum: float = 0.0, nesterov: bool = False
+    ) -> torch.Tensor:
         v = buffers["v"]
         if not self.correction:
             return v.add_(g)

@@ -100,7 +100,7 @@ class Compressor:
         self.world_size = 1
 
     def make_memory(self) -> Memory:
-        """This compressor's error feedback (the base: none, nothing is kept)."""
+        """This compressor's error feedback (the base: a :class:`~dgc.memory.Memory` without buffers, never called)."""
         return Memory()
 
     # -- lifecycle ---------------------------------------------------------------
