@@ -1,6 +1,7 @@
 """dgc: Deep Gradient Compression for PyTorch (Lin et al., ICLR 2018).
 
-The library: :func:`build_compressor`, :class:`GradientSync`, :class:`SGD`, :func:`ddp_comm_hook`.
+The library: :func:`build_compressor`, :class:`GradientSync`, :class:`SGD`, :func:`ddp_comm_hook`,
+:class:`LocalSteps` (DiLoCo-style local steps around any compressor).
 The reproduction framework (trainer, run directories, sweeps, tables) is :mod:`dgc.repro`, run by
 ``python -m dgc.train``; the library never imports Hydra.
 """
@@ -10,6 +11,7 @@ import sys
 try:
     from dgc.compressors import COMPRESSORS, CompressorConfig, build_compressor
     from dgc.hook import HookState, ddp_comm_hook
+    from dgc.localsteps import LocalSteps, LocalStepsConfig
     from dgc.optim import SGD
     from dgc.policy import Policy
     from dgc.stats import StepStats
@@ -32,6 +34,8 @@ __all__ = [
     "CompressorConfig",
     "GradientSync",
     "HookState",
+    "LocalSteps",
+    "LocalStepsConfig",
     "Policy",
     "StepStats",
     "SyncConfig",

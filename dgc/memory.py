@@ -56,15 +56,21 @@ class Memory:
 
 
 class Residual(Memory):
-    """``e += g`` before; the residual ``e`` (stored under ``key``) is the accumulator."""
+    """``e = decay * e + g`` before; the residual ``e`` (stored under ``key``) is the accumulator. ``decay`` 1 (the
+    default) is plain error feedback; SparseLoCo's buffer decays (``beta``, e.g. 0.95), so what was never sent fades
+    and the buffer doubles as the outer momentum."""
 
-    def __init__(self, key: str = "residual") -> None:
+    def __init__(self, key: str = "residual", decay: float = 1.0) -> None:
         self.keys = (key,)  # type: ignore[misc]
+        self.decay = decay
 
     def compensate(
         self, g: torch.Tensor, buffers: Buffers, momentum: float = 0.0, nesterov: bool = False
     ) -> torch.Tensor:
-        return buffers[self.keys[0]].add_(g)
+        e = buffers[self.keys[0]]
+        if self.decay != 1.0:
+            e.mul_(self.decay)
+        return e.add_(g)
 
 
 class MomentumCorrection(Memory):

@@ -207,6 +207,28 @@ class GradientSync:
             pairs.append((p, p.grad))
         return self.sync(pairs)
 
+    def agree(self) -> StepStats:
+        """The step's agreement alone, nothing exchanged (local steps, :mod:`dgc.localsteps`): whether any worker's
+        gradient is not finite (then every worker's gradients are zeroed and :attr:`StepStats.skipped` set) and what
+        any worker requested. ``dense_bytes`` is what a dense exchange of this step would have sent."""
+        pairs = []
+        for _, p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            pairs.append((p, p.grad))
+        phases = Phases(cuda_sync=False)
+        self.comm.phases = phases
+        self.comm.reset_traffic()
+        grads = [g for _, g in pairs]
+        with phases("compress"):
+            norms = list(torch._foreach_norm(grads)) if grads and self.guard.check_finite else []
+            bad = self.guard.not_finite(norms)
+        skipped, requests = self.guard.agree(bad)
+        control = self.comm.reset_traffic().sent
+        if skipped:
+            torch._foreach_zero_(grads)
+        return self._finish(pairs, [], phases, control, 0, skipped, requests)
+
     def sync(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> StepStats:
         """Exchange ``(param, grad)`` pairs in place; grads must be contiguous."""
         pairs = sorted(pairs, key=lambda pg: self._order[self.name_of(pg[0])])

@@ -45,8 +45,14 @@ def test_every_task_with_every_compressor(task, compression):
     cfg = compose_config(f"task={task}", f"compression={compression}")
     assert isinstance(cfg, Config)
     assert cfg.task.name == task
-    # a preset is named after its compressor, or after it with a suffix (dgc_compact)
-    assert cfg.compression.name == compression.split("_")[0] and cfg.compression.name in dgc.COMPRESSORS
+    # a preset is named after its compressor, or after it with a suffix (dgc_compact); a local-steps method after
+    # the method (diloco: local steps around the dense compressors)
+    assert cfg.compression.name in dgc.COMPRESSORS
+    if cfg.local_steps.every:
+        dgc.LocalStepsConfig(**vars(cfg.local_steps))
+        assert compression.split("_")[0] in ("diloco", "sparseloco")
+    else:
+        assert cfg.compression.name == compression.split("_")[0]
     # the compressor builds from its options, and the model arguments are ones the builder takes
     compressor = dgc.build_compressor(cfg.compression)
     assert compressor.name == cfg.compression.name and compressor.config == cfg.compression

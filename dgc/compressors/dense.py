@@ -1,4 +1,4 @@
-"""Dense baselines: the plain fp32 allreduce (``none``) and a 16-bit allreduce (``fp16``)."""
+"""Dense baselines: the plain fp32 allreduce (``none``) and 16-bit allreduces (``fp16``, ``bf16``)."""
 
 from __future__ import annotations
 
@@ -83,3 +83,20 @@ class FP16(Dense):
     name: ClassVar[str] = "fp16"
     config_class = FP16Config
     dtype_name: ClassVar[str] = "fp16"
+
+
+@dataclass
+class BF16Config(CompressorConfig):
+    """The bf16 allreduce: no options."""
+
+    name: str = "bf16"
+
+
+@register
+class BF16(Dense):
+    """Dense allreduce in bf16 (2 bytes per value, fp32's range, 8 bits of mantissa): what DDP's
+    ``bf16_compress_hook`` sends, and DiLoCo's pseudo-gradients in 16 bits."""
+
+    name: ClassVar[str] = "bf16"
+    config_class = BF16Config
+    dtype_name: ClassVar[str] = "bf16"

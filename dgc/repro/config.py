@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from dgc.compressors import CompressorConfig
+from dgc.localsteps import LocalStepsConfig
 from dgc.sync_config import SyncConfig
 
 
@@ -153,6 +154,8 @@ class Config:
     compression: CompressorConfig = field(default_factory=CompressorConfig)
     #: local clipping, which tensors are compressed, the DDP hook
     sync: SyncConfig = field(default_factory=SyncConfig)
+    #: every H steps the pseudo-gradient instead of every step's gradient (DiLoCo, SparseLoCo; dgc.localsteps)
+    local_steps: LocalStepsConfig = field(default_factory=LocalStepsConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     #: run directory shared by all ranks (default: runs/<task>/<compression>/<time>)
@@ -166,6 +169,12 @@ class Config:
     timeout_s: float = 600.0
     #: auto | cpu | cuda
     device: str = "auto"
+
+
+def method_name(cfg: Config) -> str:
+    """What a run is called: its compressor, and ``-local<H>`` with local steps (``none-local16``: DiLoCo)."""
+    every = cfg.local_steps.every
+    return cfg.compression.name if not every else f"{cfg.compression.name}-local{every}"
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:

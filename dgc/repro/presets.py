@@ -11,13 +11,14 @@ warm-up, no local clipping: the state after the warm-up, which is what the bench
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from dgc.compressors import CompressorConfig, config_class
+from dgc.localsteps import LocalStepsConfig
 from dgc.sync_config import SyncConfig
 
 #: the task settings presets may refer to, at the values the benchmarks use
@@ -30,6 +31,8 @@ class Preset:
     name: str
     compression: CompressorConfig
     sync: SyncConfig
+    #: every H steps a pseudo-gradient (diloco, sparseloco); ``every`` 0 for the per-step methods
+    local_steps: LocalStepsConfig = field(default_factory=LocalStepsConfig)
 
 
 def names() -> list[str]:
@@ -66,6 +69,9 @@ def preset(name: str, overrides: Sequence[str] = (), task: Mapping[str, Any] = B
     # typed through the dataclasses: an unknown key or a wrong type fails here, their checks run
     comp = OmegaConf.merge(OmegaConf.structured(config_class(compressor)), context.get("compression") or {})
     sync = OmegaConf.merge(OmegaConf.structured(SyncConfig), context.get("sync") or {})
+    local = OmegaConf.merge(OmegaConf.structured(LocalStepsConfig), context.get("local_steps") or {})
     compression_cfg, sync_cfg = OmegaConf.to_object(comp), OmegaConf.to_object(sync)
+    local_cfg = OmegaConf.to_object(local)
     assert isinstance(compression_cfg, CompressorConfig) and isinstance(sync_cfg, SyncConfig)
-    return Preset(name, compression_cfg, sync_cfg)
+    assert isinstance(local_cfg, LocalStepsConfig)
+    return Preset(name, compression_cfg, sync_cfg, local_cfg)

@@ -36,7 +36,7 @@ import dgc
 from dgc import atomic
 from dgc.distributed import DistInfo, broadcast_object
 from dgc.repro import checkpoint
-from dgc.repro.config import Config, ConfigError
+from dgc.repro.config import Config, ConfigError, method_name
 from dgc.repro.runlock import RunLock
 
 #: the file in a Hydra multirun's sweep folder (``runs/multirun/<time>/``) listing the run directories it made
@@ -179,7 +179,7 @@ class RunFiles:
     def __init__(self, cfg: Config, info: DistInfo):
         self.cfg, self.info = cfg, info
         self.main = info.is_main
-        run_dir = cfg.run_dir or default_run_dir(cfg.task.name, cfg.compression.name)
+        run_dir = cfg.run_dir or default_run_dir(cfg.task.name, method_name(cfg))
         self.run_dir = Path(str(broadcast_object(run_dir)))
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.main)
         self.lock = RunLock(self.run_dir)
@@ -338,7 +338,7 @@ class RunFiles:
             mode=self.cfg.logger.mode,
             dir=str(self.run_dir),
             config=plain,
-            name=f"{self.cfg.task.name}-{self.cfg.compression.name}",
+            name=f"{self.cfg.task.name}-{method_name(self.cfg)}",
             resume="allow" if self.cfg.resume else None,
         )
 
@@ -374,12 +374,15 @@ class RunFiles:
         # the ratio is this step's; the run's (summary.json, the eval lines) is over the steps after the
         # compression warm-up, which the line says it is still in
         warmup = float(getattr(self.cfg.compression, "warmup_epochs", 0.0) or 0.0)
+        # local steps: the bytes and the ratio are over the line's steps (an exchange every local_steps.every)
+        n = record.get("ratio_steps")
+        over = "this step" if n is None else f"over {n} step{'s' if n > 1 else ''}, local steps"
         phase = f", in the compression warm-up to epoch {warmup:g}" if record["epoch"] < warmup else ""
         self.console(
             f"step {record['step']} epoch {record['epoch']:.2f} loss {_num(record['train_loss'], '.4f')} "
             f"lr {record['lr']:.4g} "
             f"density {record['density']:.4g} sent {_human_bytes(record['sent_bytes'])} "
-            f"(ratio {record['wire_ratio']:.0f}x this step{phase}) compute {record['compute_s'] * 1e3:.0f}ms "
+            f"(ratio {record['wire_ratio']:.0f}x {over}{phase}) compute {record['compute_s'] * 1e3:.0f}ms "
             f"compress {record['compress_s'] * 1e3:.1f}ms comm {record['communicate_s'] * 1e3:.1f}ms{skipped}"
         )
         if self.wandb is not None:

@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -37,7 +37,7 @@ import dgc
 from dgc import seeding
 from dgc.comm import Comm
 from dgc.distributed import DistInfo
-from dgc.repro.config import Config, ConfigError
+from dgc.repro.config import Config, ConfigError, method_name
 from dgc.repro.rundir import RunFiles
 
 SCHEDULES = ("cosine", "multistep", "constant")
@@ -124,6 +124,16 @@ class Trainer:
                 dist.broadcast(tensor, src=0)
         if self.sync.exchange_reason and info.is_main:
             print(self.sync.exchange_reason, flush=True)
+        #: local steps (DiLoCo, SparseLoCo): the sync exchanges a pseudo-gradient every H steps
+        self.local: dgc.LocalSteps | None = None
+        if cfg.local_steps.every:
+            if cfg.sync.ddp_hook:
+                raise ConfigError("local_steps.every needs sync.ddp_hook=false: DDP would average every step's "
+                                  "gradient")  # fmt: skip
+            try:
+                self.local = cfg.local_steps.build(self.sync)  # after the broadcast: every worker's anchor is equal
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         self.net: torch.nn.Module = self.model
         if cfg.sync.ddp_hook and info.collectives:
             self.net = DistributedDataParallel(
@@ -260,12 +270,13 @@ class Trainer:
             loss.backward()
             loss_sum += float(loss.detach())
         self._notify("after_backward")
-        if self.net is self.model:
+        if self.local is not None:
+            stats = self.local.before_step()
+        elif self.net is self.model:
             stats = self.sync.step()
         else:
             stats = self.sync.last
         exchange_s = stats.compress_s + stats.communicate_s + stats.decompress_s
-        t1 = time.perf_counter()
         # clipping after aggregation is the dense baseline's; with local clipping on (DGC), each worker
         # already clipped its own gradient before accumulating it, and the aggregated sparse update
         # (many steps' accumulated gradient) must not be clipped again (paper, section 3.2)
@@ -274,12 +285,22 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        sent_bytes, outer_skipped = stats.sent_bytes, False
+        if self.local is not None:  # every H-th step (and the last): the pseudo-gradient and the outer step
+            outer = self.local.after_step(force=self.step + 1 == self.total_steps)
+            if outer is not None:
+                exchange_s += outer.compress_s + outer.communicate_s + outer.decompress_s
+                sent_bytes += outer.sent_bytes
+                outer_skipped = outer.skipped
+                requests = set(stats.requests) | set(outer.requests)
+                stats = replace(stats, requests=tuple(sorted(requests)), communicate_s=stats.communicate_s
+                                + outer.communicate_s)  # fmt: skip
         t2 = time.perf_counter()
         self.step += 1
         self.batch += acc
         self._stopping |= "stop" in stats.requests
         self._checkpoint_requested |= "checkpoint" in stats.requests
-        if stats.skipped:
+        if stats.skipped or outer_skipped:
             self.totals["skipped"] += 1
             self.totals["bad_streak"] += 1
             if self.totals["bad_streak"] >= cfg.train.max_bad_steps:
@@ -292,23 +313,23 @@ class Trainer:
             self.totals["bad_streak"] = 0
             # the wire ratio counts steps that sent gradients: not the skipped ones
             self.totals["dense_all"] += stats.dense_bytes
-            self.totals["sent_all"] += stats.sent_bytes
+            self.totals["sent_all"] += sent_bytes
             if epoch_f >= self.compression_warmup:
                 self.totals["dense"] += stats.dense_bytes
-                self.totals["sent"] += stats.sent_bytes
+                self.totals["sent"] += sent_bytes
                 self.totals["steps"] += 1
         return {
             "train_loss": loss_sum,
             "lr": lr,
             "epoch": epoch_f,
             "density": stats.density,
-            "sent_bytes": stats.sent_bytes,
+            "sent_bytes": sent_bytes,
             "dense_bytes": stats.dense_bytes,
-            "compute_s": (t1 - t0) - exchange_s + (t2 - t1),
-            "compress_s": stats.compress_s + stats.decompress_s,
+            "compute_s": (t2 - t0) - exchange_s,
+            "compress_s": exchange_s - stats.communicate_s,
             "communicate_s": stats.communicate_s,
             "step_s": t2 - t0,
-            "skipped": float(stats.skipped),
+            "skipped": float(stats.skipped or outer_skipped),
         }
 
     def _autocast(self):
@@ -319,7 +340,7 @@ class Trainer:
     def _summarize(self, window: list[dict[str, float]]) -> dict[str, Any]:
         mean = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
         last = window[-1]
-        return {
+        out = {
             "kind": "train",
             "step": self.step,
             "epoch": round(last["epoch"], 4),
@@ -334,6 +355,11 @@ class Trainer:
             "step_s": mean["step_s"],
             "skipped": int(sum(w["skipped"] for w in window)),
         }
+        if self.local is not None:  # most steps send nothing and one sends H steps' worth: over the line's steps
+            out["sent_bytes"] = sum(w["sent_bytes"] for w in window)
+            out["wire_ratio"] = sum(w["dense_bytes"] for w in window) / max(out["sent_bytes"], 1)
+            out["ratio_steps"] = len(window)
+        return out
 
     def _evaluate(self, end_of_epoch: bool) -> None:
         per_epoch = self.steps_per_epoch * self.cfg.train.accumulate
@@ -344,7 +370,9 @@ class Trainer:
             return
         split = "" if test else " (validation split only; test at the end)"
         self.files.console(f"evaluating at step {self.step} (epoch {epoch:g}){split}")
-        self.last_eval = self.task.evaluate(self.model, test=test)
+        with self.local.synced() if self.local is not None else contextlib.nullcontext():
+            # local steps: the weights every worker last agreed on (the run's last step is an exchange)
+            self.last_eval = self.task.evaluate(self.model, test=test)
         self.last_eval_step = self.step
         record = {"kind": "eval", "step": self.step, "epoch": epoch}
         record.update(self.last_eval)
@@ -365,6 +393,8 @@ class Trainer:
         return {
             "task": self.cfg.task.name,
             "compression": self.cfg.compression.name,
+            "method": method_name(self.cfg),
+            "local_steps": self.cfg.local_steps.every,
             "world_size": self.info.world_size,
             "steps": self.step,
             "epochs": self.step / self.steps_per_epoch,
@@ -389,6 +419,10 @@ class Trainer:
         local = {"compression": self.sync.state_dict(), "rng": torch.get_rng_state(), "task": self.task.state_dict()}
         if self.info.world_size > 1:  # each worker's own BatchNorm statistics (the model holds rank 0's)
             local["buffers"] = {n: b.detach().cpu().clone() for n, b in self.model.named_buffers()}
+        if self.local is not None:  # between exchanges each worker's weights and inner optimizer are its own
+            local["local_steps"] = self.local.state_dict()
+            local["weights"] = {n: p.detach().cpu().clone() for n, p in self.model.named_parameters()}
+            local["optimizer"] = self.optimizer.state_dict()
         if self.info.device.type == "cuda":
             local["cuda_rng"] = torch.cuda.get_rng_state(self.info.device)
         per_rank = _gather(local, self.info)
@@ -436,6 +470,15 @@ class Trainer:
             with torch.no_grad():
                 for name, buf in self.model.named_buffers():
                     buf.copy_(mine["buffers"][name])
+        if self.local is not None:
+            if "local_steps" not in mine:
+                raise ConfigError("the checkpoint was written without local steps: it cannot continue with "
+                                  "local_steps.every set")  # fmt: skip
+            self.local.load_state_dict(mine["local_steps"])
+            self.optimizer.load_state_dict(mine["optimizer"])
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    p.copy_(mine["weights"][name])
         if "cuda_rng" in mine and self.info.device.type == "cuda":
             torch.cuda.set_rng_state(mine["cuda_rng"], self.info.device)
         c = state["counters"]

@@ -1,0 +1,116 @@
+"""The DeMo compressor (dgc/compressors/demo.py) against the paper's update re-derived element by element."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import dgc
+from dgc.comm import Comm
+from dgc.compressors.base import Item
+from dgc.compressors.demo import dct_matrix
+from dgc.timing import Phases
+from tests.multiproc import run
+
+SHAPES = [(5, 6), (7,), (4, 4)]  # 53 values: 4 tiles of 4 x 4, the last one partly padding
+TILE, TOPK, DECAY = 4, 3, 0.9
+
+
+def grads(rank: int, step: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 * rank + step)
+    return [torch.randn(s, generator=gen) for s in SHAPES]
+
+
+def dct2(x: list[list[float]], inverse: bool = False) -> list[list[float]]:
+    """The orthonormal 2-D DCT-II of a square (or its inverse), written out as sums of cosines."""
+    n = len(x)
+
+    def basis(k: int, i: int) -> float:
+        scale = math.sqrt(1.0 / n) if k == 0 else math.sqrt(2.0 / n)
+        return scale * math.cos(math.pi * (i + 0.5) * k / n)
+
+    if inverse:  # x[i][j] = sum_kq y[k][q] b(k, i) b(q, j)
+        return [[sum(x[k][q] * basis(k, i) * basis(q, j) for k in range(n) for q in range(n)) for j in range(n)]
+                for i in range(n)]  # fmt: skip
+    return [[sum(x[i][j] * basis(k, i) * basis(q, j) for i in range(n) for j in range(n)) for q in range(n)]
+            for k in range(n)]  # fmt: skip
+
+
+def reference(world: int, steps: int) -> list[torch.Tensor]:
+    """DeMo's step on every rank: m = decay m + g; per tile the top-k |DCT(m)| sent and their inverse taken out of m;
+    the sign of the inverse DCT of the mean of the sent coefficients. The padding of the last tile keeps nothing."""
+    numel = sum(math.prod(s) for s in SHAPES)
+    chunk = TILE * TILE
+    size = numel + (-numel % chunk)
+    momenta = [[0.0] * size for _ in range(world)]
+    out = []
+    for step in range(steps):
+        total = [0.0] * size
+        for r in range(world):
+            g = torch.cat([x.reshape(-1) for x in grads(r, step)]).tolist() + [0.0] * (size - numel)
+            m = momenta[r]
+            for i in range(size):
+                m[i] = DECAY * m[i] + g[i]
+            for t in range(size // chunk):
+                square = [[m[t * chunk + i * TILE + j] for j in range(TILE)] for i in range(TILE)]
+                coeff = [v for row in dct2(square) for v in row]
+                keep = sorted(range(chunk), key=lambda i: -abs(coeff[i]))[:TOPK]
+                sparse = [coeff[i] if i in keep else 0.0 for i in range(chunk)]
+                back = dct2([sparse[i * TILE : (i + 1) * TILE] for i in range(TILE)], inverse=True)
+                for i in range(TILE):
+                    for j in range(TILE):
+                        m[t * chunk + i * TILE + j] -= back[i][j]
+                for i in range(chunk):
+                    total[t * chunk + i] += sparse[i] / world
+            m[numel:] = [0.0] * (size - numel)  # the padding keeps no momentum
+        mean = []
+        for t in range(size // chunk):
+            square = [total[t * chunk + i * TILE : t * chunk + (i + 1) * TILE] for i in range(TILE)]
+            mean += [v for row in dct2(square, inverse=True) for v in row]
+        out.append(torch.tensor(mean[:numel], dtype=torch.float32).sign())
+    return out
+
+
+def _exchange(rank: int, world: int, steps: int) -> list[torch.Tensor]:
+    comp = dgc.build_compressor("demo", tile=TILE, topk=TOPK, decay=DECAY)
+    comm = Comm()
+    comp.bind(comm)
+    out = []
+    for step in range(steps):
+        items = [Item(f"t{i}", g, g.clone()) for i, g in enumerate(grads(rank, step))]
+        comp.exchange(items, comm, Phases())
+        out.append(torch.cat([it.grad.reshape(-1) for it in items]))
+        sent = comm.reset_traffic().sent
+        assert sent == 4 * TOPK * (4 + 2), sent  # 4 tiles x 3 coefficients, fp32 value and 16-bit position each
+    return out
+
+
+def test_demo_equals_the_papers_update_on_two_ranks():
+    want = reference(2, 3)
+    for got in run(_exchange, 2, 3):
+        for step, (g, w) in enumerate(zip(got, want)):
+            assert torch.equal(g, w), step
+
+
+def test_the_dct_is_orthonormal_and_the_momentum_keeps_what_was_not_sent():
+    c = dct_matrix(8)
+    torch.testing.assert_close(c @ c.T, torch.eye(8), rtol=0, atol=1e-6)
+    comp = dgc.build_compressor("demo", tile=4, topk=16, decay=0.5, sign=False)
+    comm = Comm.local()
+    comp.bind(comm)
+    g = torch.randn(32)
+    items = [Item("a", g, g.clone())]
+    comp.exchange(items, comm, Phases())  # every coefficient sent: the mean is the gradient, nothing kept
+    torch.testing.assert_close(items[0].grad, g, rtol=0, atol=1e-5)
+    assert comp.state["a"]["momentum"].abs().max() < 1e-5
+
+
+def test_bad_demo_options_name_the_valid_ones():
+    with pytest.raises(ValueError, match="tile must be at most 256"):
+        dgc.build_compressor("demo", tile=300)
+    with pytest.raises(ValueError, match="topk must be at most tile\\*\\*2 = 16"):
+        dgc.build_compressor("demo", tile=4, topk=17)
+    with pytest.raises(ValueError, match="values must be one of fp32, fp16, bf16"):
+        dgc.build_compressor("demo", values="int8")
