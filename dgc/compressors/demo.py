@@ -66,8 +66,8 @@ class DeMoConfig(CompressorConfig):
 
 def dct_matrix(n: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.Tensor:
     """The orthonormal DCT-II matrix ``C`` (``C @ x`` transforms, ``C.T @ y`` inverts)."""
-    k = torch.arange(n, dtype=torch.float64).view(-1, 1)
-    i = torch.arange(n, dtype=torch.float64).view(1, -1)
+    k = torch.arange(n, dtype=torch.float64, device="cpu").view(-1, 1)
+    i = torch.arange(n, dtype=torch.float64, device="cpu").view(1, -1)
     c = torch.cos(math.pi * (i + 0.5) * k / n) * math.sqrt(2.0 / n)
     c[0] /= math.sqrt(2.0)
     return c.to(dtype=dtype, device=device)
