@@ -103,7 +103,7 @@ TABLE_DIRS := --runs-root results/runs --out results
 SWEEP := $(PY) -m dgc.repro.sweep --launcher $(LAUNCHER) $(TABLE_DIRS) $(DATA_ROOTS) $(SWEEP_ARGS)
 CPU_SWEEP := $(PY) -m dgc.repro.sweep --launcher local $(TABLE_DIRS) $(SWEEP_ARGS)
 
-.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-speech-long cpu-compact cpu-exchange
+.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-speech-long cpu-compact cpu-exchange cpu-frontier-grid cpu-frontier
 
 table2-cifar: install ## Table 2 (GPU cluster): ResNet-110 CIFAR-10 on 4/8/16/32 GPUs, baseline / Gradient Dropping / DGC
 	$(SWEEP) $@
@@ -139,6 +139,12 @@ cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as i
 	$(CPU_SWEEP) $@
 
 cpu-exchange: install ## the exchanges (flat, hierarchical 2x2, sparse allreduce) on make demo's setup, 2 seeds (~45 min)
+	$(CPU_SWEEP) $@
+
+cpu-frontier-grid: install ## the frontier's learning-rate grid: 10 arms (dense, bf16, PowerSGD, DGC, DGC chunk, DiLoCo H 16/64/256, DeMo, SparseLoCo) x 3 rates on a validation split, seed 0 (30 runs, ~3.5 h; resumable)
+	$(CPU_SWEEP) $@
+
+cpu-frontier: install ## DGC against DiLoCo, DeMo and SparseLoCo: the 10 arms at the rates chosen on cpu-frontier-grid, seeds 0-1, test read once (20 runs, ~2.5 h; resumable)
 	$(CPU_SWEEP) $@
 
 .PHONY: report

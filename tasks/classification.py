@@ -1,4 +1,9 @@
-"""Image classification (CIFAR-10, ImageNet, Fashion-MNIST): cross-entropy, top-1/top-5 accuracy."""
+"""Image classification (CIFAR-10, ImageNet, Fashion-MNIST): cross-entropy, top-1/top-5 accuracy.
+
+``data.validation=N`` holds N training images out as a validation split (the same N on every run, whatever its seed:
+a permutation of their own), evaluated without augmentation; the run trains on the rest. Settings are chosen on it
+(``val_top1``), and ``train.test_eval=end|never`` reads the test split once or not at all.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from dgc import seeding
 from dgc.distributed import all_reduce_sum
+
+#: the seed of the permutation that picks the validation images (fixed: every run holds out the same ones)
+VALIDATION_SEED = 20261205
 
 
 class _Seeded(Dataset):
@@ -40,20 +48,36 @@ class ImageClassification(Task):
     metric = "top1"
     higher_is_better = True
 
-    def _dataset(self, train: bool) -> Dataset:
+    def _dataset(self, train: bool, augment: bool | None = None, part: list[int] | None = None) -> Dataset:
+        """The training or test images (``part``: those of the training images; ``augment``: default data.augment)."""
         data = self.cfg.data
         if data.name not in IMAGE_DATA:
             raise ValueError(f"unknown image data {data.name!r}; valid: {', '.join(IMAGE_DATA)}")
-        ds = IMAGE_DATA[data.name](data.root, train, data.augment, **data.args)
-        limit = data.limit if train else data.eval_limit
+        ds = IMAGE_DATA[data.name](data.root, train, data.augment if augment is None else augment, **data.args)
+        indices = list(range(len(ds))) if part is None else part
+        limit = data.limit if train and augment is None else data.eval_limit
         if limit is not None:
-            ds = Subset(ds, range(min(limit, len(ds))))
-        return ds
+            indices = indices[:limit]
+        return ds if part is None and len(indices) == len(ds) else Subset(ds, indices)
+
+    def _validation_split(self) -> tuple[list[int], list[int]] | None:
+        """``(training, validation)`` indices of the training images (None: no validation split)."""
+        held = self.cfg.data.validation
+        if not held:
+            return None
+        count = len(IMAGE_DATA[self.cfg.data.name](self.cfg.data.root, True, False, **self.cfg.data.args))
+        if held >= count:
+            raise ValueError(f"data.validation={held} holds out every one of the {count} training images")
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(VALIDATION_SEED)).tolist()
+        return sorted(order[held:]), sorted(order[:held])
 
     def check(self) -> None:
         try:
-            self.train_set = self._dataset(True)
+            split = self._validation_split() if self.cfg.data.name in IMAGE_DATA else None
+            self.train_set = self._dataset(True, part=None if split is None else split[0])
             self.eval_set = self._dataset(False)
+            self.val_set = None if split is None else self._dataset(True, augment=False, part=split[1])
+            self.has_validation = split is not None
         except DataError:
             raise
         except TypeError as exc:  # unknown data.args
@@ -97,18 +121,26 @@ class ImageClassification(Task):
         x, y = batch
         return F.cross_entropy(model(x), y)
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, test: bool = True) -> dict[str, float]:
-        if not test:
-            raise ValueError(f"{self.cfg.task.name} has no validation split: evaluate(test=True) only")
+        """Test metrics (``test``) and, with ``data.validation``, the validation split's as ``val_*``."""
+        if not test and self.val_set is None:
+            raise ValueError(f"{self.cfg.task.name} has no validation split (data.validation=N holds N training "
+                             "images out): evaluate(test=True) only")  # fmt: skip
+        out = self._metrics(model, self.eval_set) if test else {}
+        if self.val_set is not None:
+            out.update({f"val_{k}": v for k, v in self._metrics(model, self.val_set).items()})
+        return out
+
+    @torch.no_grad()
+    def _metrics(self, model: nn.Module, dataset: Dataset) -> dict[str, float]:
         model.eval()
         # every worker evaluates its own shard; the tail goes to the last worker's shard
-        n = len(self.eval_set)
+        n = len(dataset)
         per = n // self.info.world_size
         lo = self.info.rank * per
         hi = n if self.info.rank == self.info.world_size - 1 else lo + per
         loss_sum = top1 = top5 = count = 0.0
-        for x, y in self._loader(self.eval_set, torch.arange(lo, hi), self.cfg.train.eval_batch_size):
+        for x, y in self._loader(dataset, torch.arange(lo, hi), self.cfg.train.eval_batch_size):
             x, y = x.to(self.info.device), y.to(self.info.device)
             logits = model(x)
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))

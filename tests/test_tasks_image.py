@@ -156,6 +156,35 @@ def test_batches_from_the_middle_of_an_epoch_match(data):
     assert not torch.equal(other.sum(0), torch.cat(full).sum(0))
 
 
+def test_a_validation_split_is_held_out_of_the_training_images(data):
+    """data.validation=N: the same N training images on every run, evaluated without augmentation, never trained on."""
+    info = init_distributed("cpu")
+
+    def task_of(*extra: str):
+        cfg = compose_config("task=fmnist_resnet20", f"data.root={data['fmnist']}", "train.batch_size=4", *extra)
+        task = build_task(cfg, info)
+        task.check()
+        return task
+
+    plain = task_of()
+    model = plain.build_model()
+    assert not plain.has_validation and set(plain.evaluate(model)) == {"loss", "top1", "top5"}
+    a, b = task_of("data.validation=8"), task_of("data.validation=8", "seed=3")
+    assert a.has_validation and len(a.train_set) == 24 and len(a.val_set) == 8
+    assert a.val_set.indices == b.val_set.indices and a.train_set.indices == b.train_set.indices
+    assert not set(a.val_set.indices) & set(a.train_set.indices)
+    assert a.batches_per_epoch() == 6
+    x, _ = a.val_set[0]
+    x2, _ = a.val_set[0]
+    assert torch.equal(x, x2)  # no augmentation
+    assert set(a.evaluate(model, test=False)) == {"val_loss", "val_top1", "val_top5"}
+    assert set(a.evaluate(model)) == {"loss", "top1", "top5", "val_loss", "val_top1", "val_top5"}
+    with pytest.raises(ValueError, match="data.validation=32 holds out every one of the 32 training images"):
+        task_of("data.validation=32")
+    with pytest.raises(ValueError, match="has no validation split"):
+        plain.evaluate(model, test=False)
+
+
 # -- one optimizer step of every image task ------------------------------------------------
 
 #: task -> (overrides, examples evaluated)

@@ -24,7 +24,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BG=$ROOT/runs/bg
 TREE=$BG/tree
-QUEUE=${QUEUE:-"cpu-fmnist:topk-s1 cpu-speech cpu-speech-long"}
+QUEUE=${QUEUE:-"cpu-fmnist:topk-s1 cpu-speech cpu-frontier-grid cpu-speech-long"}
 cd "$ROOT"
 
 running() { [[ -f $BG/pid ]] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; }

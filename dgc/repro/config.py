@@ -84,6 +84,8 @@ class DataConfig:
     #: evaluate on only the first N evaluation examples
     eval_limit: int | None = None
     augment: bool = True
+    #: image tasks: hold out this many training images as a validation split (0: none)
+    validation: int = 0
     loader_workers: int = 0
     args: dict[str, Any] = field(default_factory=dict)
 
@@ -132,7 +134,7 @@ class TrainConfig:
     progress: bool = True
     #: when the test split is evaluated: "every" evaluation, or only at the run's "end" (the evaluations before
     #: it read the validation split only, and none are made for a task without one): settings chosen on the
-    #: validation curve, the test split read once
+    #: validation curve, the test split read once; "never": the validation split only (choosing settings)
     test_eval: str = "every"
 
 

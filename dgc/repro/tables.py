@@ -30,11 +30,12 @@ from typing import Any
 #: the headline metric of each task kind, and whether higher is better
 HEADLINE = {"image": "top1", "language": "ppl", "speech": "wer"}
 #: a headline metric's counterpart on the validation split (what settings are chosen on)
-VALIDATION = {"ppl": "val_ppl", "wer": "dev_wer"}
+VALIDATION = {"ppl": "val_ppl", "wer": "dev_wer", "top1": "val_top1"}
 #: metric -> (label, higher is better)
 METRICS: dict[str, tuple[str, bool]] = {
     "top1": ("top-1 %", True),
     "top5": ("top-5 %", True),
+    "val_top1": ("validation top-1 %", True),
     "ppl": ("perplexity", False),
     "val_ppl": ("validation perplexity", False),
     "wer": ("WER %", False),
@@ -306,6 +307,22 @@ def _cpu_speech_long_rows() -> tuple[Row, ...]:
 
 _ANALOG = "another data set and model than the paper's: compare the Δ and the ratios, not absolute values"
 
+
+def _frontier_tables() -> tuple[Table, ...]:
+    """cpu-frontier-grid and cpu-frontier (:mod:`dgc.repro.frontier`, which builds on this module's rows)."""
+    from dgc.repro import frontier
+
+    source = ("No paper numbers: DGC beside DiLoCo, DeMo and SparseLoCo on one setup, the same samples and steps "
+              "for every arm, bytes counted alike")  # fmt: skip
+    return (
+        Table("cpu-frontier-grid", "The frontier's learning-rate grid: each arm at x0.5, x1, x2 of its default, "
+              "seed 0, validation split only", ("val_top1",), frontier.grid_rows(), source, full_scale=False),
+        Table("cpu-frontier", "DGC against today's low-bandwidth methods: make demo's setup, 4 workers, 2 seeds, "
+              "learning rates chosen on the validation split", ("top1", "val_top1"), frontier.frontier_rows(), source,
+              full_scale=False),
+    )  # fmt: skip
+
+
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (
@@ -406,6 +423,7 @@ TABLES: dict[str, Table] = {
             "No paper numbers: does DGC's gap on cpu-speech shrink with a longer run? Paired by seed with cpu-speech",
             full_scale=False,
         ),
+        *_frontier_tables(),
     )
 }  # fmt: skip
 

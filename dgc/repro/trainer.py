@@ -41,6 +41,8 @@ from dgc.repro.config import Config, ConfigError, method_name
 from dgc.repro.rundir import RunFiles
 
 SCHEDULES = ("cosine", "multistep", "constant")
+#: when the test split is read: at every evaluation, at the run's last one only, never (the validation split only)
+TEST_EVAL = ("every", "end", "never")
 #: the signals that stop a run at the next step boundary (Slurm: --signal=USR1@<seconds>; preemption: TERM)
 #: each stops the run at the next step boundary after a checkpoint (SIGINT: Ctrl-C, or passed on by the launcher)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -84,7 +86,7 @@ def validate(cfg: Config) -> None:
         (t.checkpoint_every >= 0, f"train.checkpoint_every must be >= 0, got {t.checkpoint_every}"),
         (t.checkpoint_minutes >= 0, f"train.checkpoint_minutes must be >= 0, got {t.checkpoint_minutes}"),
         (t.max_bad_steps >= 1, f"train.max_bad_steps must be >= 1, got {t.max_bad_steps}"),
-        (t.test_eval in ("every", "end"), f"train.test_eval must be every or end, got {t.test_eval!r}"),
+        (t.test_eval in TEST_EVAL, f"train.test_eval must be one of {', '.join(TEST_EVAL)}, got {t.test_eval!r}"),
         (cfg.timeout_s > 0, f"timeout_s must be > 0, got {cfg.timeout_s}"),
     ]
     for ok, message in checks:
@@ -110,6 +112,9 @@ class Trainer:
         try:
             self.task = build_task(cfg, info)
             self.task.check()
+            if cfg.train.test_eval == "never" and not self.task.has_validation:
+                raise ConfigError(f"train.test_eval=never evaluates the validation split only, and {cfg.task.name} "
+                                  "has none here (image tasks: data.validation=N)")  # fmt: skip
             torch.manual_seed(cfg.seed)  # identical initialization on every worker
             self.model = self.task.build_model().to(info.device)
             compressor = dgc.build_compressor(cfg.compression)
@@ -365,10 +370,12 @@ class Trainer:
         per_epoch = self.steps_per_epoch * self.cfg.train.accumulate
         epoch = self.epoch + 1 if end_of_epoch else round(self.epoch + self.batch / per_epoch, 4)
         # train.test_eval=end: the test split once, at the run's last evaluation; the validation split before it
-        test = self.cfg.train.test_eval == "every" or self.step == self.total_steps
+        # train.test_eval=never: the validation split only (runs that choose settings)
+        when = self.cfg.train.test_eval
+        test = when == "every" or (when == "end" and self.step == self.total_steps)
         if not test and not self.task.has_validation:
             return
-        split = "" if test else " (validation split only; test at the end)"
+        split = "" if test else f" (validation split only; {'test at the end' if when == 'end' else 'no test'})"
         self.files.console(f"evaluating at step {self.step} (epoch {epoch:g}){split}")
         with self.local.synced() if self.local is not None else contextlib.nullcontext():
             # local steps: the weights every worker last agreed on (the run's last step is an exchange)

@@ -1,0 +1,97 @@
+"""The frontier tables: DGC beside today's low-bandwidth methods on one setup, one budget, one byte count.
+
+Every arm trains ``make demo``'s setup (ResNet-20 on Fashion-MNIST, 4 workers, 4 epochs: the same samples and
+steps for every arm) on 55,000 training images; 5,000 more are held out as the validation split
+(``data.validation``) on which the learning rates are chosen. Two tables:
+
+* ``cpu-frontier-grid``: each arm at three learning rates, x0.5, x1 and x2 of its default (the outer learning rate
+  for the local-step methods, whose inner optimizer is the task's; the sign step's for DeMo), seed 0, the test split
+  never read (``train.test_eval=never``): the same grid effort for every method;
+* ``cpu-frontier``: each arm at the multiplier chosen on the grid's validation top-1 (:data:`CHOSEN`, written down
+  from ``results/cpu-frontier-grid.md``), seeds 0 and 1, the test split read once, at the end.
+
+DiLoCo runs at H = 16 and 64, and at H = 256, where its wire ratio (H: fp32 pseudo-gradients every H steps) is
+closest to DGC's measured 266x (``make demo``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the tables module builds its TABLES from this one's rows: Row is imported where rows are made
+    from dgc.repro.tables import Row
+
+#: the setup of every arm: make demo's length, the validation split held out of the training images
+SETUP = ("train.epochs=4", "data.validation=5000")
+#: DGC's own settings on this setup (make demo's: 1-epoch density warm-up, fp16 values)
+_DGC = ("task.compression_warmup_epochs=1", "compression.wire_values=fp16")
+#: the grid: multipliers of each arm's default learning rate
+GRID = (0.5, 1.0, 2.0)
+GROUP = "ResNet-20 Fashion-MNIST, 4 workers, 4 epochs, 55k training images"
+
+
+@dataclass(frozen=True)
+class Arm:
+    key: str
+    method: str
+    compression: str
+    #: the learning rate the grid multiplies (a config key) and its default
+    lr_key: str
+    lr: float
+    overrides: tuple[str, ...] = ()
+
+
+#: the task's learning rate per worker (scaled by the 4 workers)
+_TASK_LR = 0.025
+
+ARMS: tuple[Arm, ...] = (
+    Arm("none", "dense fp32 allreduce", "none", "optim.lr", _TASK_LR),
+    Arm("bf16", "dense bf16 allreduce", "bf16", "optim.lr", _TASK_LR),
+    Arm("powersgd", "PowerSGD, rank 4", "powersgd", "optim.lr", _TASK_LR),
+    Arm("dgc", "DGC (the paper's settings)", "dgc", "optim.lr", _TASK_LR, _DGC),
+    Arm("dgc-chunk", "DGC, chunk selection", "dgc_chunk", "optim.lr", _TASK_LR, _DGC),
+    Arm("diloco-h16", "DiLoCo, H = 16", "diloco", "local_steps.outer_lr", 0.7, ("local_steps.every=16",)),
+    Arm("diloco-h64", "DiLoCo, H = 64", "diloco", "local_steps.outer_lr", 0.7, ("local_steps.every=64",)),
+    Arm("diloco-h256", "DiLoCo, H = 256 (DGC's bytes)", "diloco", "local_steps.outer_lr", 0.7,
+        ("local_steps.every=256",)),
+    Arm("demo", "DeMo", "demo", "optim.lr", 0.001),
+    Arm("sparseloco", "SparseLoCo, H = 16", "sparseloco", "local_steps.outer_lr", 1.0),
+)  # fmt: skip
+
+#: the multiplier of each arm's learning rate chosen on cpu-frontier-grid's validation top-1 (None: not chosen yet,
+#: the arm runs at its default, x1, and the report says so)
+CHOSEN: dict[str, float | None] = {arm.key: None for arm in ARMS}
+
+
+def _lr(arm: Arm, multiplier: float) -> str:
+    return f"{arm.lr_key}={arm.lr * multiplier!r}"
+
+
+def grid_rows() -> tuple[Row, ...]:
+    from dgc.repro.tables import Row
+
+    group = f"{GROUP}: learning-rate grid, validation split"
+    return tuple(
+        Row(f"{arm.key}-x{m:g}", group, f"{arm.method}, lr x{m:g}", "fmnist_resnet20", arm.compression, 4,
+            (*SETUP, *arm.overrides, _lr(arm, m), "train.test_eval=never"),
+            baseline=arm.key == "none" and m == 1.0)
+        for arm in ARMS
+        for m in GRID
+    )  # fmt: skip
+
+
+def frontier_rows() -> tuple[Row, ...]:
+    from dgc.repro.tables import Row, seeded
+
+    rows = []
+    for arm in ARMS:
+        chosen = CHOSEN[arm.key]
+        label = f"{arm.method}, lr x{chosen:g}" if chosen is not None else f"{arm.method}, lr x1 (not chosen yet)"
+        rows.append(Row(arm.key, GROUP, label, "fmnist_resnet20", arm.compression, 4,
+                        (*SETUP, *arm.overrides, _lr(arm, chosen or 1.0), "train.test_eval=end"),
+                        baseline=arm.key == "none"))  # fmt: skip
+    return seeded(tuple(rows), (0, 1))
+
+
+__all__ = ["ARMS", "CHOSEN", "GRID", "SETUP", "Arm", "frontier_rows", "grid_rows"]

@@ -1,0 +1,42 @@
+"""The frontier tables (dgc.repro.frontier): every arm on one setup, the grid on the validation split only."""
+
+from __future__ import annotations
+
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+import dgc.train  # noqa: F401  (registers the schema the configs start from)
+from dgc.repro import frontier
+from dgc.repro.tables import get_table
+
+
+def _configs(table: str) -> dict:
+    with initialize_config_module("dgc.conf", version_base="1.3"):
+        return {r.key: OmegaConf.to_object(compose("config", overrides=r.train_overrides()))
+                for r in get_table(table).rows}  # fmt: skip
+
+
+def test_the_grid_gives_every_arm_three_rates_and_never_reads_the_test_split():
+    cfg = _configs("cpu-frontier-grid")
+    assert len(cfg) == 3 * len(frontier.ARMS) == 30
+    for arm in frontier.ARMS:
+        rates = []
+        for m in frontier.GRID:
+            run = cfg[f"{arm.key}-x{m:g}"]
+            assert run.train.epochs == 4 and run.data.validation == 5000 and run.train.test_eval == "never"
+            assert run.train.batch_size == 32 and run.seed == 0
+            rates.append(run.local_steps.outer_lr if arm.lr_key.startswith("local_steps") else run.optim.lr)
+        assert rates == [arm.lr * m for m in frontier.GRID], arm.key
+    assert cfg["diloco-h256-x1"].local_steps.every == 256 and cfg["diloco-h16-x1"].local_steps.outer_nesterov
+    assert cfg["sparseloco-x1"].local_steps.every == 16 and cfg["sparseloco-x1"].local_steps.outer_momentum == 0
+    assert cfg["demo-x1"].optim.momentum == 0 and not cfg["demo-x1"].optim.scale_lr
+    # DGC as make demo runs it; the other arms without its warm-up
+    assert cfg["dgc-x1"].compression.warmup_epochs == 1 and cfg["dgc-x1"].compression.wire_values == "fp16"
+    assert cfg["dgc-chunk-x1"].compression.selection == "chunk"
+
+
+def test_the_table_runs_every_arm_with_two_seeds_and_reads_the_test_split_once():
+    cfg = _configs("cpu-frontier")
+    assert len(cfg) == 2 * len(frontier.ARMS)
+    for key, run in cfg.items():
+        assert run.train.test_eval == "end" and run.data.validation == 5000 and run.seed == int(key[-1])
