@@ -178,8 +178,16 @@ def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
         (["train.test_eval=sometimes"], "train.test_eval must be one of every, end, never"),
         (["train.test_eval=never"], "train.test_eval=never evaluates the validation split only, and fmnist_resnet20"),
     ],
-    ids=["unknown-task", "density-0", "missing-data", "resume-without-checkpoint", "typo", "wrong-type", "test-eval",
-         "test-eval-never"],  # fmt: skip
+    ids=[
+        "unknown-task",
+        "density-0",
+        "missing-data",
+        "resume-without-checkpoint",
+        "typo",
+        "wrong-type",
+        "test-eval",
+        "test-eval-never",
+    ],
 )
 def test_bad_overrides(override, message, fmnist, tmp_path):
     run_dir = tmp_path / "r"
