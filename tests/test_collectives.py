@@ -17,6 +17,9 @@ from dgc.timing import Phases
 EXPECTED = {
     "none": [AverageDense],
     "fp16": [AverageDense],
+    "bf16": [AverageDense],
+    "demo": [Allgather],
+    "sparseloco": [Allgather],
     "dgc": [AllgatherBytes],
     "topk": [AllgatherBytes],
     "qsgd": [Allgather],

@@ -176,7 +176,10 @@ def test_local_clipping_keeps_the_average_at_the_dense_clip(world: int) -> None:
 def _every_compressor(rank: int, world: int) -> dict:
     out = {}
     # every registered compressor, with options that suit this small model where it has them
-    small = {"topk": {"density": 0.05}, "dgc": {"density": 0.05, "warmup_epochs": 1}, "powersgd": {"rank": 2}}
+    small = {"topk": {"density": 0.05}, "dgc": {"density": 0.05, "warmup_epochs": 1}, "powersgd": {"rank": 2},
+             # DeMo's sign steps want a sign method's rate and no second momentum: here its decoded mean, in 8 x 8
+             # tiles with a quarter of the coefficients sent, under this loop's momentum SGD
+             "demo": {"tile": 8, "topk": 16, "decay": 0.5, "sign": False}}  # fmt: skip
     for name in dgc.COMPRESSORS:
         kwargs = small.get(name, {})
         model = make_model()
