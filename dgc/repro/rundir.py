@@ -284,10 +284,11 @@ class RunFiles:
         return f"cannot write in {self.run_dir}{where}: {exc.strerror or exc}; nothing was changed"
 
     def _check_resumable(self, state: dict[str, Any]) -> None:
-        if state["world_size"] != self.info.world_size:
+        if state["world_size"] != self.info.world_size and "world_size" not in self.cfg.resume_allow:
             raise ConfigError(
                 f"cannot resume {self.run_dir}: it was written by {state['world_size']} workers and this run has "
-                f"{self.info.world_size} (compression state is per worker); resume with the same number of workers"
+                f"{self.info.world_size} (compression state is per worker); resume with the same number of workers, "
+                "or remap every worker's state onto these with resume_allow=[world_size]"
             )
         changed = checkpoint.changed_settings(
             state["config"], asdict(self.cfg), list(self.cfg.resume_allow), cfg=self.cfg

@@ -467,6 +467,9 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint (its world size and settings were checked by :meth:`RunFiles.open`)."""
+        if state["world_size"] != self.info.world_size:
+            self._restore_elsewhere(state)
+            return
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         mine = state["ranks"][self.info.rank]
@@ -493,6 +496,44 @@ class Trainer:
         self.totals.update(c["totals"])
         self.window = list(c.get("window", []))
         self.last_eval, self.last_eval_step = state["last_eval"]
+
+
+    def _restore_elsewhere(self, state: dict[str, Any]) -> None:
+        """Continue a checkpoint of N workers on N' (``resume_allow=[world_size]``): every rank's compression state
+        remapped so that the mean over workers of each residual and momentum is kept (:mod:`dgc.elastic`), each
+        worker's BatchNorm statistics from old rank ``rank mod N``, the position in the epoch kept in samples, the
+        step count and the random streams made again for N' workers."""
+        from dgc import elastic
+
+        old, new, rank = state["world_size"], self.info.world_size, self.info.rank
+        if self.local is not None:
+            raise ConfigError("a run with local steps resumes on the same number of workers only (between exchanges "
+                              "each worker's weights are its own)")  # fmt: skip
+        if any(r.get("task") for r in state["ranks"]):
+            raise ConfigError(f"{self.cfg.task.name} keeps its data position per worker: it resumes on the same "
+                              f"number of workers only ({old})")  # fmt: skip
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sync.load_state_dict(elastic.remap([r["compression"] for r in state["ranks"]], new)[rank])
+        theirs = state["ranks"][rank % old]
+        if "buffers" in theirs:
+            with torch.no_grad():
+                for name, buf in self.model.named_buffers():
+                    buf.copy_(theirs["buffers"][name])
+        c = state["counters"]
+        acc = self.cfg.train.accumulate
+        self.epoch = c["epoch"]
+        # the samples of this epoch already seen stay seen: batch counts one worker's micro-batches
+        self.batch = (c["batch"] * old // new) // acc * acc
+        self.step = self.epoch * self.steps_per_epoch + self.batch // acc
+        torch.manual_seed(seeding.mix(self.cfg.seed, rank, self.step))
+        self.totals.update(c["totals"])
+        self.window = []
+        self.last_eval, last_step = state["last_eval"]
+        self.last_eval_step = self.step if last_step == c["step"] else -1
+        self.files.console(f"resuming on {new} workers a checkpoint of {old} (step {c['step']} of {old} workers = "
+                           f"step {self.step} of {new}): residuals and momenta remapped, their mean over workers "
+                           "kept")  # fmt: skip
 
 
 def _gather(obj: Any, info: DistInfo) -> list[Any]:
