@@ -497,7 +497,6 @@ class Trainer:
         self.window = list(c.get("window", []))
         self.last_eval, self.last_eval_step = state["last_eval"]
 
-
     def _restore_elsewhere(self, state: dict[str, Any]) -> None:
         """Continue a checkpoint of N workers on N' (``resume_allow=[world_size]``): every rank's compression state
         remapped so that the mean over workers of each residual and momentum is kept (:mod:`dgc.elastic`), each
