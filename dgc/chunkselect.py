@@ -56,7 +56,15 @@ def decode_mean_into(out: torch.Tensor, rows: torch.Tensor, chunk: int, k: int, 
     # flat before the dtype views: one worker's row is a view whose row stride is the message's length, any number
     values = rows[:, :width].contiguous().view(-1).view(value_dtype).view(workers, n).to(out.dtype)
     local = rows[:, width:].contiguous().view(-1).view(torch.uint16).to(torch.int64).view(workers, -1, k)
-    positions = (local + torch.arange(0, out.numel(), chunk, device=out.device).view(1, -1, 1)).view(workers, n)
+    add_mean_into(out, values, local, chunk)
+
+
+def add_mean_into(out: torch.Tensor, values: torch.Tensor, local: torch.Tensor, chunk: int) -> None:
+    """Write into ``out`` (zeroed here) the mean of every worker's ``values`` ``[workers, n]`` at their positions
+    within the chunks ``local`` ``[workers, chunks, k]``, worker after worker (entries at one position sum in worker
+    order). ``values`` is divided in place."""
+    workers = values.shape[0]
+    positions = (local + torch.arange(0, out.numel(), chunk, device=out.device).view(1, -1, 1)).view(workers, -1)
     if workers > 1:
         values.div_(workers)
     out.zero_()
@@ -64,4 +72,4 @@ def decode_mean_into(out: torch.Tensor, rows: torch.Tensor, chunk: int, k: int, 
         out.index_add_(0, positions[r], values[r])
 
 
-__all__ = ["MAX_CHUNK", "decode_mean_into", "encode", "per_chunk", "select"]
+__all__ = ["MAX_CHUNK", "add_mean_into", "decode_mean_into", "encode", "per_chunk", "select"]

@@ -169,10 +169,4 @@ class SparseLoCo(Compressor):
         scales = rows[:, code_bytes:scale_end].clone().view(-1).view(torch.float32).view(workers, chunks, 2)
         values = torch.stack([dequantize2(codes[r], scales[r]) for r in range(workers)]).view(workers, n).to(out.dtype)
         local = rows[:, scale_end:].clone().view(-1).view(torch.uint16).to(torch.int64).view(workers, chunks, k)
-        chunk = out.numel() // chunks
-        positions = (local + torch.arange(0, out.numel(), chunk, device=out.device).view(1, -1, 1)).view(workers, n)
-        if workers > 1:
-            values.div_(workers)
-        out.zero_()
-        for r in range(workers):
-            out.index_add_(0, positions[r], values[r])
+        chunkselect.add_mean_into(out, values, local, out.numel() // chunks)
