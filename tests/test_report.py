@@ -370,3 +370,24 @@ def test_a_second_half_inset_where_the_early_evaluations_squash_the_curves(highe
     plots._zoom_second_half(ax, spread, False)
     assert not ax.child_axes
     plt.close(fig)
+
+
+def test_paired_differences_have_a_standard_error_and_a_t_interval(tmp_path, capsys):
+    """Per-seed Δ to the reference of the same seed: mean, standard error and Student-t 95% interval by hand."""
+    table = get_table("cpu-speech")
+    base = {0: 45.0, 1: 46.0, 2: 47.0, 3: 45.0, 4: 46.0}
+    gap = {0: 4.0, 1: 1.0, 2: 0.0, 3: 3.0, 4: 2.0}
+    for row in table.rows:
+        if row.key.startswith("none-") or row.key.startswith("dgc-w1-c400-updates-s"):
+            wer = base[row.seed] + (0.0 if row.key.startswith("none-") else gap[row.seed])
+            metrics = {m: wer for m in table.metrics}
+            fake_run(tmp_path / "runs" / "cpu-speech" / row.key, row.task, row.compression, metrics, "speech")
+    code, _, _ = run_report(
+        ["--table", "cpu-speech", "--partial", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path)], capsys
+    )
+    assert code == 0
+    text = (tmp_path / "cpu-speech.md").read_text()
+    # mean 2.0, sd = sqrt(10/4) = 1.581, se = 0.707, t(0.975, 4) = 2.776 -> half-width 1.963
+    line = next(x for x in text.splitlines() if "0: +4.00, 1: +1.00, 2: +0.00, 3: +3.00, 4: +2.00" in x)
+    assert "| +2.00 | 0.71 | [+0.04, +3.96] |" in line
+    assert report.paired([1.0]) == (None, None)

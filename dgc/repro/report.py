@@ -308,6 +308,8 @@ def methods_of(table: Table, records: list[dict[str, Any]]) -> list[dict[str, An
             values = [r[m] for r in done if r[m] is not None]
             deltas = [r[f"delta_{m}"] for r in done if r[f"delta_{m}"] is not None]
             agg.update({m: _mean(values), f"{m}_sd": plots.sd(values), f"delta_{m}": _mean(deltas)})
+            agg[f"delta_{m}_seeds"] = deltas
+            agg[f"delta_{m}_se"], agg[f"delta_{m}_ci"] = paired(deltas)
             agg[f"paper_{m}"], agg[f"paper_delta_{m}"] = first[f"paper_{m}"], first[f"paper_delta_{m}"]
         for key in ("dense_mb", "sent_mb", "wire_ratio", "wall_s"):
             agg[key] = _mean([r[key] for r in done if r[key] is not None])
@@ -316,6 +318,39 @@ def methods_of(table: Table, records: list[dict[str, Any]]) -> list[dict[str, An
             agg[key] = first[key]
         out.append(agg)
     return out
+
+
+def paired(deltas: list[float]) -> tuple[float | None, tuple[float, float] | None]:
+    """The standard error of the mean of per-seed differences and its two-sided 95% interval (Student's t with
+    n-1 degrees of freedom; None below two seeds)."""
+    spread = plots.sd(deltas)
+    if spread is None:
+        return None, None
+    from scipy import stats
+
+    se = spread / len(deltas) ** 0.5
+    half = float(stats.t.ppf(0.975, len(deltas) - 1)) * se
+    mean = sum(deltas) / len(deltas)
+    return se, (mean - half, mean + half)
+
+
+def _paired_lines(table: Table, methods: list[dict[str, Any]]) -> list[str]:
+    """The headline metric's per-seed differences to the reference, with their standard error and 95% interval,
+    for every method with two or more paired seeds."""
+    m = next((m for m in table.metrics if m in HEADLINE.values()), table.metrics[0])
+    rows = [rec for rec in methods if len(rec[f"delta_{m}_seeds"]) >= 2 and rec[f"delta_{m}_ci"] is not None]
+    rows = [rec for rec in rows if any(d != 0 for d in rec[f"delta_{m}_seeds"])]  # the reference row itself
+    if not rows:
+        return []
+    label = METRICS.get(m, (m, True))[0]
+    lines = ["", f"Paired differences in {label} to the reference row, seed by seed:", "",
+             "| group | method | Δ per seed | mean Δ | standard error | 95% interval (t) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for rec in rows:
+        lo, hi = rec[f"delta_{m}_ci"]
+        per_seed = ", ".join(f"{s}: {d:+.2f}" for s, d in zip(rec["seeds"], rec[f"delta_{m}_seeds"], strict=False))
+        lines.append(f"| {rec['group']} | {rec['method']} | {per_seed} | {rec[f'delta_{m}']:+.2f} | "
+                     f"{rec[f'delta_{m}_se']:.2f} | [{lo:+.2f}, {hi:+.2f}] |")  # fmt: skip
+    return lines
 
 
 def to_csv(records: list[dict[str, Any]]) -> str:
@@ -387,6 +422,7 @@ def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> st
     if any(rec["steps"] is None for rec in records):
         notes.append("not run: its run directory had no summary.json (missing or unfinished) when this was made.")
     if seeded:
+        notes += _paired_lines(table, methods)
         notes += ["", "Each run:", "", "| method | seed | steps | " + " | ".join(table.metrics) + " | ratio | run |",
                   "|" + "---|" * (len(table.metrics) + 5)]  # fmt: skip
         for rec in records:
