@@ -343,8 +343,8 @@ def _paired_lines(table: Table, methods: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     label = METRICS.get(m, (m, True))[0]
-    lines = ["", f"Paired differences in {label} to the reference row, seed by seed:", "",
-             "| group | method | Δ per seed | mean Δ | standard error | 95% interval (t) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    head = "| group | method | Δ per seed | mean Δ | standard error | 95% interval (t) |"
+    lines = ["", f"Paired differences in {label} to the reference row, seed by seed:", "", head, "|---" * 6 + "|"]
     for rec in rows:
         lo, hi = rec[f"delta_{m}_ci"]
         per_seed = ", ".join(f"{s}: {d:+.2f}" for s, d in zip(rec["seeds"], rec[f"delta_{m}_seeds"], strict=False))
