@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # Debian packages holding the offline data sets (installed when root with apt)
 DEB_DATA := dataset-fashion-mnist bible-kjv-text bible-kjv espeak-ng pocketsphinx-testdata
 
-.PHONY: help install lock demo data test test-slurm-cluster test-all lint format bench bench-cluster gpu-check chaos clean
+.PHONY: help install lock demo elastic-demo data test test-slurm-cluster test-all lint format bench bench-cluster gpu-check chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -26,6 +26,16 @@ lock: ## re-resolve uv.lock after editing the dependencies in pyproject.toml (co
 demo: install ## the main job: fmnist_resnet20 on 4 CPU workers, dense vs DGC; table and plot in results/demo/
 	$(PY) -m dgc.repro.demo --out results/demo
 
+# make demo's DGC run (seed 0, 4 epochs) stopped at mid-run on 4 workers and finished on 2: the elastic resume's
+# accuracy against results/demo/runs/dgc, the run left alone (issue 29); ~15 min on 2 cores
+ELASTIC_RUN := runs/elastic-demo
+DEMO_DGC := task=fmnist_resnet20 compression=dgc seed=0 train.epochs=4 task.compression_warmup_epochs=1 train.log_every=20 compression.wire_values=fp16
+elastic-demo: install ## make demo's DGC resumed from 4 workers onto 2 at mid-run; prints its top-1 beside results/demo's
+	rm -rf $(ELASTIC_RUN)
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node=4 -m dgc.train $(DEMO_DGC) run_dir=$(ELASTIC_RUN) train.max_steps=936
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node=2 -m dgc.train $(DEMO_DGC) run_dir=$(ELASTIC_RUN) resume=true 'resume_allow=[world_size]'
+	$(PY) -c "import json; a, b = (json.load(open(p + '/summary.json'))['metrics']['top1'] for p in ('results/demo/runs/dgc', '$(ELASTIC_RUN)')); print(f'top-1: 4 workers throughout {a:.2f}, 4 -> 2 at step 936 {b:.2f}, difference {b - a:+.2f}')"
+
 # where the data sets live: $DGC_DATA, else data/ here (what the configs' ${data_home:...} resolves to)
 DATA ?= $(or $(DGC_DATA),data)
 
@@ -43,13 +53,13 @@ test-all: install ## every test, including slow and GPU-marked ones
 	$(PY) -m pytest -q
 
 lint: ## ruff check and format check; every tensor the library builds says its device (tools/check_devices.py)
-	$(VENV)/bin/ruff check dgc tests tasks launch conf tools
-	$(VENV)/bin/ruff format --check dgc tests tasks launch conf tools
+	$(VENV)/bin/ruff check dgc tests tasks launch conf tools examples
+	$(VENV)/bin/ruff format --check dgc tests tasks launch conf tools examples
 	$(PY) tools/check_devices.py
 
 format: ## apply ruff fixes and formatting
-	$(VENV)/bin/ruff check --fix dgc tests tasks launch conf tools
-	$(VENV)/bin/ruff format dgc tests tasks launch conf tools
+	$(VENV)/bin/ruff check --fix dgc tests tasks launch conf tools examples
+	$(VENV)/bin/ruff format dgc tests tasks launch conf tools examples
 
 bench: install ## selection, wire-size and GPU launch-count benchmarks, JSON under results/bench/
 	$(PY) -m dgc.bench select --out results/bench/select.json

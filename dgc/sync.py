@@ -200,33 +200,41 @@ class GradientSync:
     # -- the step ------------------------------------------------------------------
     def step(self) -> StepStats:
         """Average the ``.grad`` of every parameter (library path). A missing grad counts as zeros."""
-        pairs = []
-        for _, p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            pairs.append((p, p.grad))
-        return self.sync(pairs)
+        return self.sync(self._all_grads())
 
-    def agree(self) -> StepStats:
-        """The step's agreement alone, nothing exchanged (local steps, :mod:`dgc.localsteps`): whether any worker's
-        gradient is not finite (then every worker's gradients are zeroed and :attr:`StepStats.skipped` set) and what
-        any worker requested. ``dense_bytes`` is what a dense exchange of this step would have sent."""
+    def _all_grads(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """``(param, param.grad)`` of every parameter, a missing grad made zeros."""
         pairs = []
         for _, p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             pairs.append((p, p.grad))
-        phases = Phases(cuda_sync=False)
+        return pairs
+
+    def _guard(self, grads: list[torch.Tensor], phases: Phases, clip: bool
+               ) -> tuple[list[torch.Tensor], bool, tuple[str, ...], int]:  # fmt: skip
+        """The agreement every step starts with: the gradient norms (for the clip and the non-finite check: one
+        dispatch for every tensor; whether one is not finite stays on the device until the agreement reads it
+        with the requests, one host read for both), whether to skip, what was requested, and the control bytes
+        (not gradient traffic: reported apart). A skipped step's gradients are zeroed."""
         self.comm.phases = phases
         self.comm.reset_traffic()
-        grads = [g for _, g in pairs]
         with phases("compress"):
-            norms = list(torch._foreach_norm(grads)) if grads and self.guard.check_finite else []
+            norms = list(torch._foreach_norm(grads)) if grads and (self.guard.check_finite or clip) else []
             bad = self.guard.not_finite(norms)
         skipped, requests = self.guard.agree(bad)
         control = self.comm.reset_traffic().sent
         if skipped:
             torch._foreach_zero_(grads)
+        return norms, skipped, requests, control
+
+    def agree(self) -> StepStats:
+        """The step's agreement alone, nothing exchanged (local steps, :mod:`dgc.localsteps`): whether any worker's
+        gradient is not finite (then every worker's gradients are zeroed and :attr:`StepStats.skipped` set) and what
+        any worker requested. ``dense_bytes`` is what a dense exchange of this step would have sent."""
+        pairs = self._all_grads()
+        phases = Phases(cuda_sync=False)
+        _, skipped, requests, control = self._guard([g for _, g in pairs], phases, clip=False)
         return self._finish(pairs, [], phases, control, 0, skipped, requests)
 
     def sync(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> StepStats:
@@ -251,18 +259,9 @@ class GradientSync:
                     stacklevel=2,
                 )
         phases = Phases(cuda_sync=self.timing and any(g.is_cuda for _, g in pairs))
-        self.comm.phases = phases
-        self.comm.reset_traffic()
         grads = [g for _, g in pairs]
-        with phases("compress"):
-            # one dispatch for every tensor's norm (the clip's, and the guard's check); whether one is not finite
-            # stays on the device until the agreement reads it with the requests (one host read for both)
-            norms = list(torch._foreach_norm(grads)) if grads and (self.guard.check_finite or self.clip_norm) else []
-            bad = self.guard.not_finite(norms)
-        skipped, requests = self.guard.agree(bad)
-        control = self.comm.reset_traffic().sent  # not gradient traffic: reported apart
+        norms, skipped, requests, control = self._guard(grads, phases, clip=bool(self.clip_norm))
         if skipped:
-            torch._foreach_zero_(grads)
             return self._finish(pairs, [], phases, control, 0, skipped, requests)
         with phases("compress"):
             self._clip(grads, norms)

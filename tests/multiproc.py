@@ -9,6 +9,7 @@ traceback; no process outlives the call.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -79,3 +80,33 @@ def run(fn: Callable, world_size: int, *args: Any) -> list[Any]:
         if error is not None:
             raise RuntimeError(f"workers failed: {error}")
         return results
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children first found through /proc's parent links; Linux only). Found
+    before anything is killed: torchrun starts its workers in sessions of their own, out of its process group."""
+    parents: dict[int, list[int]] = {}
+    for stat in os.listdir("/proc"):
+        if not stat.isdigit():
+            continue
+        try:
+            with open(f"/proc/{stat}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(stat))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it."""
+    for p in [*descendants(pid), pid]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

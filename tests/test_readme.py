@@ -150,3 +150,31 @@ def test_the_local_cluster_is_run_as_root_and_stop_keeps_what_purge_removes():
     # what the script does: stop removes nothing; purge removes what the manifest lists (/etc/slurm, /etc/munge, ...)
     script = (ROOT / "launch" / "slurm" / "local_cluster.sh").read_text()
     assert "((PURGE == 0)) || purge" in script and "PKG_DIRS=(/etc/slurm /etc/munge" in script
+
+
+def test_the_examples_run_as_written(tmp_path):
+    """README's "Use it with Lightning or Accelerate": each example command as written (the examples' paths from the
+    checkout), in a fresh directory; the resumed runs continue from what the first ones saved."""
+    from tests.multiproc import kill_tree
+
+    block = blocks(section("Use it in your training script"), "bash")
+    commands = [shlex.split(line, comments=True) for b in block for line in b.splitlines() if "examples/" in line]
+    assert len(commands) == 7
+    env = environment(tmp_path)
+    for words in commands:
+        words = [str(ROOT / w) if w.startswith("examples/") else w for w in words]
+        words = [sys.executable, "-m", "torch.distributed.run", *words[1:]] if words[0] == "torchrun" else words
+        proc = subprocess.Popen(words, cwd=tmp_path, env={**env, "TMPDIR": str(tmp_path)}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            out, _ = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            out, _ = proc.communicate()
+        assert proc.returncode == 0, f"{shlex.join(words)}:\n{out[-3000:]}"
+        if "--resume" in words:
+            assert "epoch 3" in out or "epoch 2:" in out, out[-2000:]  # it went on from the saved epoch
+            assert "epoch 0:" not in out, out[-2000:]
+    assert (tmp_path / "runs/examples/ddp_hook/checkpoint.pt").exists()
+    assert (tmp_path / "runs/examples/lightning/last.ckpt").exists()
+    assert (tmp_path / "runs/examples/accelerate/state/custom_checkpoint_0.pkl").exists()

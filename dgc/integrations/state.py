@@ -1,0 +1,65 @@
+"""Every rank's compression state as one object a framework can checkpoint.
+
+Frameworks save one state per object, written by rank 0 (Lightning's callback state, Accelerate's
+``register_for_checkpointing``), but a :class:`~dgc.GradientSync`'s residuals and momenta are per rank: rank 0's
+alone would hand every other rank rank 0's unsent gradient. :class:`EveryRank` gathers all of them when the state is
+taken (a collective: every rank takes it, as both frameworks do when they save) and gives each rank its own back
+when it is loaded. Loaded on another number of ranks, the states are remapped by :func:`dgc.elastic.remap`,
+which keeps each parameter's mean residual and momentum over ranks (nothing unsent lost or counted twice).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dgc import elastic
+from dgc.sync import GradientSync
+
+log = logging.getLogger(__name__)
+
+#: the format tag of :meth:`EveryRank.state_dict`
+FORMAT = "dgc-every-rank/1"
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+class EveryRank:
+    """``state_dict()``: every rank's ``sync.state_dict()`` (gathered; call it on every rank);
+    ``load_state_dict(state)``: this rank's own, remapped when the number of ranks changed."""
+
+    def __init__(self, sync: GradientSync) -> None:
+        self.sync = sync
+
+    def state_dict(self) -> dict[str, Any]:
+        mine = _to_cpu(self.sync.state_dict())
+        comm = self.sync.comm
+        if not comm.distributed or comm.world_size == 1:
+            ranks = [mine]
+        else:
+            ranks = [None] * comm.world_size
+            dist.all_gather_object(ranks, mine, group=comm.group)
+        return {"format": FORMAT, "world_size": len(ranks), "ranks": ranks}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise ValueError(
+                f"not a DGC every-rank state (format {FORMAT!r}): save it with dgc.integrations.EveryRank(sync)"
+            )
+        ranks, world, rank = state["ranks"], self.sync.world_size, self.sync.comm.rank
+        if len(ranks) != world:
+            log.warning("DGC state of %d ranks loaded on %d: residuals and momenta remapped, their mean over "
+                        "ranks kept (dgc.elastic)", len(ranks), world)  # fmt: skip
+            ranks = elastic.remap(ranks, world)
+        self.sync.load_state_dict(ranks[rank])
