@@ -19,7 +19,8 @@
 checkpointing: ``register_for_checkpointing(sync)`` alone would save rank 0's residuals for every rank.
 ``save_state`` takes every object's state on every process, so the gather inside it is safe; ``load_state`` on
 another number of processes remaps the states (:mod:`dgc.elastic`). Not supported: gradient accumulation
-(``gradient_accumulation_steps > 1``), and DeepSpeed or FSDP (they shard the gradient DGC compresses).
+(``gradient_accumulation_steps > 1``), ``save_on_each_node`` (the states are gathered on the main process only),
+and DeepSpeed or FSDP (they shard the gradient DGC compresses).
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def attach(accelerator: Any, model: torch.nn.Module, sync: dgc.GradientSync) -> 
         raise ValueError(
             f"attach: gradient_accumulation_steps={accelerator.gradient_accumulation_steps} is not supported: the "
             "sync runs once per optimizer step on the whole gradient; use 1 (a larger batch)"
+        )
+    config = getattr(accelerator, "project_configuration", None)
+    if getattr(config, "save_on_each_node", False):
+        raise ValueError(
+            "attach: save_on_each_node=True is not supported: every rank's compression state is gathered on the "
+            "first process, which the other nodes' copies would lack; save on the main process only"
         )
     kind = str(getattr(accelerator, "distributed_type", ""))
     if "DEEPSPEED" in kind or "FSDP" in kind:

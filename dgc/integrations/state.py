@@ -2,8 +2,9 @@
 
 Frameworks save one state per object, written by rank 0 (Lightning's callback state, Accelerate's
 ``register_for_checkpointing``), but a :class:`~dgc.GradientSync`'s residuals and momenta are per rank: rank 0's
-alone would hand every other rank rank 0's unsent gradient. :class:`EveryRank` gathers all of them when the state is
-taken (a collective: every rank takes it, as both frameworks do when they save) and gives each rank its own back
+alone would hand every other rank rank 0's unsent gradient. :class:`EveryRank` gathers all of them on the first rank
+when the state is taken (a collective: every rank takes it, as both frameworks do when they save) and gives each
+rank its own back
 when it is loaded. Loaded on another number of ranks, the states are remapped by :func:`dgc.elastic.remap`,
 which keeps each parameter's mean residual and momentum over ranks (nothing unsent lost or counted twice).
 """
@@ -43,14 +44,15 @@ class EveryRank:
         self.sync = sync
 
     def state_dict(self) -> dict[str, Any]:
+        """Every rank's state on the group's first rank, the one frameworks write from; the other ranks return
+        ``ranks: None`` (gathering all of them on every rank would hold N ranks' residuals in each)."""
         mine = _to_cpu(self.sync.state_dict())
         comm = self.sync.comm
         if not comm.distributed or comm.world_size == 1:
-            ranks = [mine]
-        else:
-            ranks = [None] * comm.world_size
-            dist.all_gather_object(ranks, mine, group=comm.group)
-        return {"format": FORMAT, "world_size": len(ranks), "ranks": ranks}
+            return {"format": FORMAT, "world_size": 1, "ranks": [mine]}
+        ranks = [None] * comm.world_size if comm.rank == 0 else None
+        dist.gather_object(mine, ranks, group=comm.group, group_dst=0)
+        return {"format": FORMAT, "world_size": comm.world_size, "ranks": ranks}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -58,6 +60,9 @@ class EveryRank:
                 f"not a DGC every-rank state (format {FORMAT!r}): save it with dgc.integrations.EveryRank(sync)"
             )
         ranks, world, rank = state["ranks"], self.sync.world_size, self.sync.comm.rank
+        if ranks is None:
+            raise ValueError("this DGC state was written by a rank that holds only its own: load the copy the "
+                             "first rank wrote")  # fmt: skip
         if len(ranks) != world:
             log.warning("DGC state of %d ranks loaded on %d: residuals and momenta remapped, their mean over "
                         "ranks kept (dgc.elastic)", len(ranks), world)  # fmt: skip

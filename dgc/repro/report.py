@@ -338,8 +338,9 @@ def _paired_lines(table: Table, methods: list[dict[str, Any]]) -> list[str]:
     """The headline metric's per-seed differences to the reference, with their standard error and 95% interval,
     for every method with two or more paired seeds."""
     m = next((m for m in table.metrics if m in HEADLINE.values()), table.metrics[0])
-    rows = [rec for rec in methods if len(rec[f"delta_{m}_seeds"]) >= 2 and rec[f"delta_{m}_ci"] is not None]
-    rows = [rec for rec in rows if any(d != 0 for d in rec[f"delta_{m}_seeds"])]  # the reference row itself
+    references = {(r.group, r.method) for r in table.rows if r.baseline}
+    rows = [rec for rec in methods if (rec["group"], rec["method"]) not in references
+            and len(rec[f"delta_{m}_seeds"]) >= 2 and rec[f"delta_{m}_ci"] is not None]  # fmt: skip
     if not rows:
         return []
     label = METRICS.get(m, (m, True))[0]
