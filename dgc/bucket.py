@@ -119,18 +119,27 @@ class Bucket:
 
 
 class Buckets:
-    """A bucket per kind of exchange (``key``), made again when the tensors change."""
+    """Buckets per kind of exchange (``key``) and set of tensors, made again when the tensors change.
+
+    One exchange of all tensors uses one bucket per key. An overlapped exchange (:mod:`dgc.overlap`) calls the same
+    compressor once per DDP bucket, each with other tensors: each keeps its own bucket, so no buffer is made again
+    from step to step. A new bucket replaces those holding any of its tensors (DDP's bucket rebuild after its first
+    step), so the buffers never hold a tensor twice."""
 
     def __init__(self) -> None:
-        self._by_key: dict[str, Bucket] = {}
+        self._by_key: dict[tuple[str, tuple[str, ...]], Bucket] = {}
 
     def __contains__(self, key: str) -> bool:
-        return key in self._by_key
+        return any(k == key for k, _ in self._by_key)
 
     def of(self, key: str, items: list[Item], multiple: int = 1) -> Bucket:
         """The bucket of ``key`` for these items (buffers padded to a multiple of ``multiple``)."""
         layout = Layout.of(items)
-        bucket = self._by_key.get(key)
+        slot = (key, layout.names)
+        bucket = self._by_key.get(slot)
         if bucket is None or bucket.layout != layout or bucket.multiple != multiple:
-            bucket = self._by_key[key] = Bucket(layout, multiple)
+            names = set(layout.names)
+            for other in [s for s in self._by_key if s[0] == key and s != slot and names.intersection(s[1])]:
+                del self._by_key[other]
+            bucket = self._by_key[slot] = Bucket(layout, multiple)
         return bucket

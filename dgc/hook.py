@@ -7,7 +7,9 @@ Usage (same shape as PyTorch's PowerSGD hook)::
     ddp.register_comm_hook(sync, dgc.ddp_comm_hook)      # or dgc.HookState(sync)
     opt = dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)
 
-DDP calls the hook once per gradient bucket as buckets become ready. The hook holds every bucket
+DDP calls the hook once per gradient bucket as buckets become ready. With ``GradientSync(overlap=True)``
+(``sync.overlap=true``) each bucket is compressed and exchanged at once, in a thread of its own, under the rest
+of the backward pass (:mod:`dgc.overlap`; local clipping is then per tensor). Otherwise the hook holds every bucket
 until the last one of the step arrives, then runs one :meth:`GradientSync.sync` over all of them
 and completes all the futures. Waiting gives up overlapping communication with the rest of the
 backward pass, and buys local clipping by the norm of the whole local gradient (so both paths
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dgc.overlap import BucketPipeline, bucket_pairs
 from dgc.sync import GradientSync
 
 
@@ -36,6 +39,8 @@ class HookState:
 
     sync: GradientSync
     pending: list = field(default_factory=list)
+    #: the overlapped exchange's thread (``sync.overlap``), made at the first bucket
+    pipeline: BucketPipeline | None = None
 
 
 #: the state of each GradientSync registered directly as the hook's state
@@ -53,18 +58,17 @@ def hook_state(state: Any) -> HookState:
 
 def ddp_comm_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     hs = hook_state(state)
+    if hs.sync.overlap:
+        if hs.pipeline is None:
+            hs.pipeline = BucketPipeline(hs.sync)
+        return hs.pipeline.submit(bucket)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     hs.pending.append((bucket.buffer(), bucket.parameters(), bucket.gradients(), future))
     if not bucket.is_last():
         return future
     pending, hs.pending = hs.pending, []
     try:
-        pairs = []
-        for buffer, params, grads, _ in pending:
-            for p, g in zip(params, grads):
-                if g.data_ptr() < buffer.data_ptr() or g.data_ptr() >= buffer.data_ptr() + buffer.nbytes:
-                    raise RuntimeError("DDP bucket gradients are not views of the bucket buffer")
-                pairs.append((p, g))
+        pairs = [pg for buffer, params, grads, _ in pending for pg in bucket_pairs(buffer, params, grads)]
         hs.sync.sync(pairs)
     except BaseException as exc:
         for *_, fut in pending:

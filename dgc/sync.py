@@ -42,17 +42,18 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from dgc.comm import Comm
+from dgc.comm import Comm, Traffic
 from dgc.compressors import Compressor
 from dgc.compressors.base import Item
 from dgc.compressors.onebit import OneBit
 from dgc.exchanges import Exchange, build_exchange
-from dgc.guard import StepGuard
+from dgc.guard import REQUESTS, StepGuard
 from dgc.policy import Policy
 from dgc.stats import StepStats
 from dgc.timing import Phases
@@ -74,6 +75,24 @@ def check_clip_norm(clip_norm: Any) -> None:
         raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}")
 
 
+#: ``clip_scope``: what local clipping bounds (GradientSync's docstring)
+CLIP_SCOPES = ("auto", "step", "tensor")
+
+
+def resolve_clip_scope(clip_scope: Any, overlap: bool, clip_norm: float | None) -> str:
+    """``step`` or ``tensor`` from a ``clip_scope`` (:data:`CLIP_SCOPES`); ValueError for a scope the overlap cannot
+    clip by."""
+    if clip_scope not in CLIP_SCOPES:
+        raise ValueError(f"sync.clip_scope must be one of {', '.join(CLIP_SCOPES)}, got {clip_scope!r}")
+    if clip_scope == "auto":
+        return "tensor" if overlap else "step"
+    if clip_scope == "step" and overlap and clip_norm is not None:
+        raise ValueError("sync.clip_scope=step clips by the norm of the whole gradient, which the overlapped exchange "
+                         "never holds (it sends each bucket as it is ready): use clip_scope=tensor (or auto) with "
+                         "sync.overlap=true")  # fmt: skip
+    return clip_scope
+
+
 class Hyper(Protocol):
     """What GradientSync needs from the optimizer (implemented by :class:`dgc.optim.SGD`)."""
 
@@ -84,6 +103,48 @@ class Hyper(Protocol):
     def learning_rate(self, param: torch.Tensor) -> float:
         """The learning rate ``param`` is stepped with now (``accumulate="updates"``)."""
         ...
+
+
+@dataclass
+class OpenStep:
+    """A step whose gradients come in parts (:meth:`GradientSync.begin`): what its parts did so far."""
+
+    phases: Phases
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    compressed: list[Item] = field(default_factory=list)
+    control: int = 0
+    dense_sent: int = 0
+    traffic: Traffic = field(default_factory=Traffic)
+    skipped: bool = False
+    requests: set[str] = field(default_factory=set)
+    #: each compressor's extra state (random streams, thresholds) before the step, for :meth:`restore`
+    extra: list[tuple[Compressor, dict[str, Any]]] = field(default_factory=list)
+    #: copies of the per-tensor state the parts changed, taken before: ``(compressor, name, {key: copy})``
+    saved: list[tuple[Compressor, str, dict[str, torch.Tensor]]] = field(default_factory=list)
+
+    def add(self, traffic: Traffic) -> None:
+        self.traffic.sent += traffic.sent
+        self.traffic.recv += traffic.recv
+        self.traffic.collectives += traffic.collectives
+        self.traffic.local_sent += traffic.local_sent
+
+    def save(self, compressors: list[Compressor], names: list[str]) -> None:
+        """Copy the state of ``names`` (before the part changes it). Costs a copy of that state, for one step."""
+        for c in compressors:
+            for name in names:
+                self.saved.append((c, name, {k: t.clone() for k, t in c.state.get(name, {}).items()}))
+
+    def restore(self) -> None:
+        """Put back the state saved before the parts: in place (it may be a view of a compressor's flat bucket);
+        state made by this step starts at zero again."""
+        for c, name, before in self.saved:
+            for key, t in c.state.get(name, {}).items():
+                if key in before and before[key].shape == t.shape:
+                    t.copy_(before[key])
+                else:
+                    t.zero_()
+        for c, extra in self.extra:
+            c.load_extra_state(extra)
 
 
 class GradientSync:
@@ -108,6 +169,13 @@ class GradientSync:
             the sum of rate-scaled contributions: a value that waited in the residual while the rate dropped
             moves the weights by the rate of the step that computed it, not the rate of the step that sends it
             (Gradient Dropping's accumulation). The same as ``"gradients"`` while the rate is constant.
+        overlap: under :func:`dgc.ddp_comm_hook`, compress and exchange each DDP bucket as soon as DDP hands it
+            over, in a thread of its own, while the backward pass goes on (:mod:`dgc.overlap`). The library path
+            (:meth:`step`) is unchanged, except that it clips like the overlapped hook.
+        clip_scope: ``"step"``: local clipping bounds the norm of the whole local gradient (needs every tensor: the
+            serial exchange only); ``"tensor"``: each tensor is clipped on its own, to its share of the same bound,
+            ``clip_norm * N**0.5 * (numel / total numel)**0.5`` (a gradient whose every tensor is at its bound has
+            exactly the whole-gradient bound); ``"auto"``: ``tensor`` with ``overlap``, ``step`` otherwise.
     """
 
     def __init__(
@@ -125,6 +193,8 @@ class GradientSync:
         ranks_per_node: int | None = None,
         local_bus: str = "auto",
         accumulate: str = "gradients",
+        overlap: bool = False,
+        clip_scope: str = "auto",
     ):
         named = model.named_parameters() if isinstance(model, torch.nn.Module) else model
         self.params: list[tuple[str, torch.nn.Parameter]] = [(n, p) for n, p in named if p.requires_grad]
@@ -133,6 +203,11 @@ class GradientSync:
         check_clip_norm(clip_norm)
         check_accumulate(accumulate)
         self.accumulate = accumulate
+        #: exchange each DDP bucket as DDP hands it over, under the rest of the backward pass (:mod:`dgc.overlap`)
+        self.overlap = bool(overlap)
+        #: what local clipping bounds: ``step`` (the whole gradient) or ``tensor`` (each tensor its share)
+        self.clip_scope = resolve_clip_scope(clip_scope, self.overlap, clip_norm)
+        self._total_numel = sum(p.numel() for _, p in self.params)
         if comm is not None and group is not None:
             raise ValueError("give GradientSync a comm or a group, not both")
         self.compressor = compressor
@@ -249,15 +324,7 @@ class GradientSync:
                     "configure_optimizers(); Accelerate: after Accelerator())"
                 )
         if self.steps == 0 and not self._epoch_set:
-            schedule = getattr(self.compressor, "schedule", None)
-            if schedule is not None and schedule.warmup_epochs > 0:
-                warnings.warn(
-                    f"the compressor warms its density up over {schedule.warmup_epochs:g} epochs, but "
-                    "GradientSync.set_epoch() was never called: the density stays at the first stage "
-                    f"({schedule(0.0):g}); call sync.set_epoch(epoch + i / steps_per_epoch) every step, before "
-                    "backward() (Lightning: in on_train_batch_start)",
-                    stacklevel=2,
-                )
+            self._warn_no_epoch()
         phases = Phases(cuda_sync=self.timing and any(g.is_cuda for _, g in pairs))
         grads = [g for _, g in pairs]
         norms, skipped, requests, control = self._guard(grads, phases, clip=bool(self.clip_norm))
@@ -265,18 +332,30 @@ class GradientSync:
             return self._finish(pairs, [], phases, control, 0, skipped, requests)
         with phases("compress"):
             self._clip(grads, norms)
-            compressed, dense = [], []
-            decay: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-            for p, g in pairs:
-                item, weight_decay = self._item(p, g)
-                (compressed if self.is_compressed(p) else dense).append(item)
-                if weight_decay:
-                    grads_of, params_of = decay.setdefault(weight_decay, ([], []))
-                    grads_of.append(g)
-                    params_of.append(p)
-            with torch.no_grad():  # g += wd * w, one dispatch per weight decay value
-                for weight_decay, (grads_of, params_of) in decay.items():
-                    torch._foreach_add_(grads_of, params_of, alpha=weight_decay)
+            compressed, dense = self._prepare(pairs)
+        dense_sent = self._exchange(compressed, dense, phases)
+        return self._finish(pairs, compressed, phases, control, dense_sent, skipped, requests)
+
+    def _prepare(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[Item], list[Item]]:
+        """The items of the compressed and of the dense tensors; weight decay added where the compressor keeps the
+        momentum."""
+        compressed, dense = [], []
+        decay: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for p, g in pairs:
+            item, weight_decay = self._item(p, g)
+            (compressed if self.is_compressed(p) else dense).append(item)
+            if weight_decay:
+                grads_of, params_of = decay.setdefault(weight_decay, ([], []))
+                grads_of.append(g)
+                params_of.append(p)
+        with torch.no_grad():  # g += wd * w, one dispatch per weight decay value
+            for weight_decay, (grads_of, params_of) in decay.items():
+                torch._foreach_add_(grads_of, params_of, alpha=weight_decay)
+        return compressed, dense
+
+    def _exchange(self, compressed: list[Item], dense: list[Item], phases: Phases) -> int:
+        """Exchange the dense, then the compressed tensors, their averages written into their gradients; returns the
+        bytes the dense exchange sent (traffic counted from zero before it)."""
         if self.dense_compressor is not None:
             self.dense_compressor.exchange(dense, self.comm, phases)
         else:
@@ -289,7 +368,70 @@ class GradientSync:
                 scaled = [(it.grad, lr) for it, lr in zip(compressed, rates) if lr]
                 if scaled:
                     torch._foreach_div_([g for g, _ in scaled], [lr for _, lr in scaled])
-        return self._finish(pairs, compressed, phases, control, dense_sent, skipped, requests)
+        return dense_sent
+
+    # -- the step in parts: one call per DDP bucket (dgc.overlap) --------------------------------------------------
+    def begin(self) -> OpenStep:
+        """Start a step whose gradients come in parts (:meth:`sync_part`, then :meth:`end`)."""
+        if self.steps == 0 and not self._epoch_set:
+            self._warn_no_epoch()
+        step = OpenStep(Phases(cuda_sync=False))
+        if self.guard.check_finite:
+            step.extra = [(c, c.extra_state()) for c in self._compressors()]
+        return step
+
+    def sync_part(self, step: OpenStep, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Exchange one part of the step's ``(param, grad)`` pairs in place, as :meth:`sync` does the whole: its own
+        agreement first (a non-finite gradient in this part on any worker, or a request), clipping per tensor.
+        Every worker must give the same parts in the same order. Once a part is agreed non-finite, the rest are
+        only zeroed, and :meth:`end` puts back the state the earlier parts changed."""
+        pairs = sorted(pairs, key=lambda pg: self._order[self.name_of(pg[0])])
+        step.pairs.extend(pairs)
+        grads = [g for _, g in pairs]
+        if step.skipped:
+            torch._foreach_zero_(grads)
+            return
+        phases = step.phases
+        norms, skipped, requests, control = self._guard(grads, phases, clip=bool(self.clip_norm))
+        step.control += control
+        step.requests.update(requests)
+        if skipped:
+            step.skipped = True
+            return
+        with phases("compress"):
+            self._clip(grads, norms)
+            compressed, dense = self._prepare(pairs)
+            if self.guard.check_finite:
+                step.save(self._compressors(), [it.name for it in compressed + dense])
+        step.dense_sent += self._exchange(compressed, dense, phases)
+        step.compressed.extend(compressed)
+        step.add(self.comm.reset_traffic())
+
+    def end(self, step: OpenStep) -> StepStats:
+        """Finish a step given in parts: when any part was skipped, every part's gradients are zeroed and the
+        compression state is as it was before the step, on every worker."""
+        if step.skipped:
+            step.restore()
+            if step.pairs:
+                torch._foreach_zero_([g for _, g in step.pairs])
+        requests = tuple(r for r in REQUESTS if r in step.requests)
+        compressed = [] if step.skipped else step.compressed
+        return self._finish(step.pairs, compressed, step.phases, step.control, step.dense_sent, step.skipped,
+                            requests, step.traffic)  # fmt: skip
+
+    def _compressors(self) -> list[Compressor]:
+        return [self.compressor] + ([self.dense_compressor] if self.dense_compressor is not None else [])
+
+    def _warn_no_epoch(self) -> None:
+        schedule = getattr(self.compressor, "schedule", None)
+        if schedule is not None and schedule.warmup_epochs > 0:
+            warnings.warn(
+                f"the compressor warms its density up over {schedule.warmup_epochs:g} epochs, but "
+                "GradientSync.set_epoch() was never called: the density stays at the first stage "
+                f"({schedule(0.0):g}); call sync.set_epoch(epoch + i / steps_per_epoch) every step, before "
+                "backward() (Lightning: in on_train_batch_start)",
+                stacklevel=4,
+            )
 
     def _scale_by_rate(self, items: list[Item], phases: Phases) -> list[float] | None:
         """accumulate="updates": multiply the gradients by their learning rates (returned; None otherwise)."""
@@ -303,8 +445,9 @@ class GradientSync:
             torch._foreach_mul_([it.grad for it in items], rates)
         return rates
 
-    def _finish(self, pairs, compressed, phases, control, dense_sent, skipped, requests) -> StepStats:  # noqa: ANN001
-        traffic = self.comm.reset_traffic()
+    def _finish(self, pairs, compressed, phases, control, dense_sent, skipped, requests,  # noqa: ANN001
+                traffic: Traffic | None = None) -> StepStats:  # fmt: skip
+        traffic = self.comm.reset_traffic() if traffic is None else traffic
         self.steps += 1
         self.last = StepStats(
             step=self.steps,
@@ -343,11 +486,18 @@ class GradientSync:
         return Item(name, param, grad, momentum=momentum, nesterov=nesterov), weight_decay
 
     def _clip(self, grads: list[torch.Tensor], norms: list[torch.Tensor]) -> None:
-        """Scale this worker's gradient to global norm at most ``clip_norm * N**0.5`` (``norms``: per tensor,
-        finite: a non-finite gradient skips the step before it gets here)."""
+        """Scale this worker's gradient to global norm at most ``clip_norm * N**0.5`` (``clip_scope="step"``), or each
+        tensor to its share of it (``"tensor"``; ``norms``: per tensor, finite: a non-finite gradient skips the step
+        before it gets here)."""
         if self.clip_norm is None or not grads:
             return
         limit = self.clip_norm * self.world_size**0.5
+        if self.clip_scope == "tensor":
+            shares = torch.tensor([g.numel() / self._total_numel for g in grads], dtype=norms[0].dtype,
+                                  device=norms[0].device)  # fmt: skip
+            scales = torch.clamp(limit * shares.sqrt_() / (torch.stack(norms) + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, list(scales.to(grads[0].dtype).unbind()))
+            return
         norm = torch.linalg.vector_norm(torch.stack(norms))
         scale = torch.clamp(limit / (norm + 1e-6), max=1.0)
         torch._foreach_mul_(grads, scale)

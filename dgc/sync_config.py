@@ -10,7 +10,7 @@ from dgc.compressors import Compressor
 from dgc.exchanges import EXCHANGES
 from dgc.localbus import LOCAL_BUSES
 from dgc.policy import Policy
-from dgc.sync import GradientSync, check_accumulate, check_clip_norm
+from dgc.sync import GradientSync, check_accumulate, check_clip_norm, resolve_clip_scope
 
 
 @dataclass
@@ -22,6 +22,11 @@ class SyncConfig:
     policy: Policy = field(default_factory=Policy)
     #: exchange through DDP's communication hook instead of after backward() (trainer)
     ddp_hook: bool = False
+    #: with ddp_hook: compress and exchange each DDP bucket as it is ready, under the rest of the backward pass
+    overlap: bool = False
+    #: what local clipping bounds: step (the whole gradient; serial only), tensor (each tensor its share of the
+    #: bound), auto (tensor with overlap, step otherwise)
+    clip_scope: str = "auto"
     #: how the compressed tensors travel: flat | densify | hierarchical | sparse_allreduce (:mod:`dgc.exchanges`), or
     #: auto: the one the calibrated cost model (``costmodel``) predicts fastest for this run at ``bandwidth``
     exchange: str = "flat"
@@ -50,6 +55,10 @@ class SyncConfig:
         if self.local_bus not in LOCAL_BUSES:
             raise ValueError(f"sync.local_bus must be one of {', '.join(LOCAL_BUSES)}, got {self.local_bus!r}")
         check_accumulate(self.accumulate)
+        resolve_clip_scope(self.clip_scope, self.overlap, self.clip_norm)
+        if self.overlap and not self.ddp_hook:
+            raise ValueError("sync.overlap=true needs sync.ddp_hook=true: the overlap runs in DDP's communication "
+                             "hook, bucket by bucket")  # fmt: skip
 
     def build(self, model: Any, compressor: Compressor, comm: Comm | None = None) -> GradientSync:
         exchange, reason = self.exchange, ""
@@ -57,7 +66,8 @@ class SyncConfig:
             exchange, reason = self.choose(model, compressor, comm)
         sync = GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
                             exchange=exchange, ranks_per_node=self.ranks_per_node,
-                            local_bus=self.local_bus, accumulate=self.accumulate)  # fmt: skip
+                            local_bus=self.local_bus, accumulate=self.accumulate, overlap=self.overlap,
+                            clip_scope=self.clip_scope)  # fmt: skip
         sync.exchange_reason = reason
         return sync
 
