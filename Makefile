@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # Debian packages holding the offline data sets (installed when root with apt)
 DEB_DATA := dataset-fashion-mnist bible-kjv-text bible-kjv espeak-ng pocketsphinx-testdata
 
-.PHONY: help install lock demo elastic-demo data test test-slurm-cluster test-all lint format bench bench-cluster gpu-check chaos clean
+.PHONY: help install lock demo elastic-demo overlap-demo data test test-slurm-cluster test-all lint format bench bench-cluster gpu-check chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -35,6 +35,14 @@ elastic-demo: install ## make demo's DGC resumed from 4 workers onto 2 at mid-ru
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node=4 -m dgc.train $(DEMO_DGC) run_dir=$(ELASTIC_RUN) train.max_steps=936
 	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node=2 -m dgc.train $(DEMO_DGC) run_dir=$(ELASTIC_RUN) resume=true 'resume_allow=[world_size]'
 	$(PY) -c "import json; a, b = (json.load(open(p + '/summary.json'))['metrics']['top1'] for p in ('results/demo/runs/dgc', '$(ELASTIC_RUN)')); print(f'top-1: 4 workers throughout {a:.2f}, 4 -> 2 at step 936 {b:.2f}, difference {b - a:+.2f}')"
+
+# make demo's DGC run (seed 0) with the overlapped DDP hook (per-tensor clipping): its top-1 beside results/demo's
+# serial run (issue 27); ~15 min on 2 cores
+OVERLAP_RUN := runs/overlap-demo
+overlap-demo: install ## make demo's DGC with sync.overlap=true; prints its top-1 beside results/demo's serial run
+	rm -rf $(OVERLAP_RUN)
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node=4 -m dgc.train $(DEMO_DGC) run_dir=$(OVERLAP_RUN) sync.ddp_hook=true sync.overlap=true
+	$(PY) -c "import json; a, b = (json.load(open(p + '/summary.json'))['metrics']['top1'] for p in ('results/demo/runs/dgc', '$(OVERLAP_RUN)')); print(f'top-1: serial {a:.2f}, overlapped {b:.2f}, difference {b - a:+.2f}')"
 
 # where the data sets live: $DGC_DATA, else data/ here (what the configs' ${data_home:...} resolves to)
 DATA ?= $(or $(DGC_DATA),data)

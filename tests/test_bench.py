@@ -93,6 +93,10 @@ def test_wire_all_compressors_small_model(tmp_path: Path) -> None:
         (["wire", "--model", "nosuchmodel"], "resnet50"),
         (["wire", "--compressors", "dgc,zip"], "powersgd"),
         (["frobnicate"], "'select', 'wire', 'ops', 'cluster'"),
+        (["cluster", "--ddp"], "--ddp and --comm-ratios go with --e2e"),
+        (["cluster", "--e2e", "--comm-ratios", "2"], "--comm-ratios goes with --ddp"),
+        (["cluster", "--e2e", "--ddp", "--comm-ratios", "0,2"], "must be numbers > 0"),
+        (["cluster", "--e2e", "--ddp", "--methods", "ddp,zip"], "ddp_powersgd4,dgc,dgc_overlap"),
     ],
 )
 def test_bad_arguments(tmp_path: Path, args: list[str], expect: str) -> None:

@@ -168,6 +168,32 @@ def test_cluster_bench_small_run(tmp_path: Path) -> None:
     assert namespaces() == before
 
 
+@needs_root
+@pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="needs the Fashion-MNIST package")
+def test_cluster_bench_against_ddp_as_users_run_it(tmp_path: Path) -> None:
+    out = tmp_path / "e2e.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "dgc.bench", "cluster", "--e2e", "--ddp", "--nodes", "2", "--steps", "1",
+            "--warmup", "1", "--batch-size", "4", "--methods", "local,ddp,dgc_overlap", "--out", str(out),
+        ],
+        capture_output=True, text=True, timeout=180, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["mode"] == "e2e-ddp" and list(r["methods"]) == ["local", "ddp", "dgc_overlap"]
+    rows = r["methods"]
+    assert rows["local"]["exposed_s"] == 0.0
+    for name in ("ddp", "dgc_overlap"):
+        assert rows[name]["exposed_s"] == pytest.approx(rows[name]["step_s"] - rows["local"]["step_s"])
+    # what went over a machine's shaped link: DDP's fp32 gradient (and a little more), DGC's hundreds of times less
+    assert rows["ddp"]["link_bytes"] > rows["ddp"]["dense_bytes"]
+    assert rows["dgc_overlap"]["link_bytes"] < rows["ddp"]["link_bytes"] / 100
+    assert 0 < rows["dgc_overlap"]["sent_bytes"] < rows["dgc_overlap"]["link_bytes"]
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
 # each rank runs a child of its own, so a rank killed alone leaves something inside its namespace
 STAY = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)', sys.argv[1]])"
 

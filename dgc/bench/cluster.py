@@ -69,6 +69,8 @@ from dgc.bench.common import (
     positive_int_arg,
     run_info,
 )
+from dgc.bench.ddp_e2e import DDP_METHODS, DEFAULT_DDP_METHODS, run_ddp_e2e
+from dgc.bench.ddp_e2e import comm_ratio as ddp_comm_ratio
 from dgc.topology import ranks_per_node_from_env
 
 NETCLUSTER = Path(__file__).resolve().parents[2] / "launch" / "netcluster.py"
@@ -138,6 +140,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         f"with --e2e also local, default {DEFAULT_E2E_METHODS})",
     )
     p.add_argument("--e2e", action="store_true", help="time real training steps through the trainer instead")
+    p.add_argument(
+        "--ddp",
+        action="store_true",
+        help="with --e2e: DDP as users run it (its allreduce, bf16 and PowerSGD hooks) against DGC's hook, "
+        f"serial and overlapped (dgc.bench.ddp_e2e; methods {DEFAULT_DDP_METHODS})",
+    )
+    p.add_argument("--comm-ratios", type=ratios_arg, default=None,
+                   help="with --ddp: run at the link rates where DDP fp32's traffic takes these multiples of the "
+                        "compute-only step (e.g. 0.5,2,8), found by a calibration run at --rate; one JSON")  # fmt: skip
     p.add_argument("--batch-size", type=positive_int_arg, default=32, help="--e2e: batch per worker (default: 32)")
     p.add_argument("--threads", type=positive_int_arg, default=1, help="threads per rank (default: 1)")
     p.add_argument("--seed", type=int_arg, default=0, help="seed of shapes and gradients (default: 0)")
@@ -148,9 +159,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def ratios_arg(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"must be numbers > 0 separated by commas (e.g. 0.5,2,8), got {text!r}")
+    return values
+
+
 def resolve_methods(args: argparse.Namespace) -> list[str]:
-    valid = E2E_METHODS if args.e2e else tuple(METHODS)
-    text = args.methods or (DEFAULT_E2E_METHODS if args.e2e else DEFAULT_METHODS)
+    if (args.ddp or args.comm_ratios) and not args.e2e:
+        raise BenchError("--ddp and --comm-ratios go with --e2e")
+    if args.comm_ratios and not args.ddp:
+        raise BenchError("--comm-ratios goes with --ddp (the rates are DDP fp32's)")
+    if args.ddp:
+        valid, default = DDP_METHODS, DEFAULT_DDP_METHODS
+    else:
+        valid, default = (E2E_METHODS, DEFAULT_E2E_METHODS) if args.e2e else (tuple(METHODS), DEFAULT_METHODS)
+    text = args.methods or default
     try:
         return _methods_arg(valid)(text)
     except argparse.ArgumentTypeError as e:
@@ -158,7 +186,8 @@ def resolve_methods(args: argparse.Namespace) -> list[str]:
 
 
 def default_out(args: argparse.Namespace) -> str:
-    return args.out or ("runs/bench/cluster_e2e.json" if args.e2e else "runs/bench/cluster.json")
+    name = "cluster_e2e_ddp" if args.ddp else "cluster_e2e" if args.e2e else "cluster"
+    return args.out or f"runs/bench/{name}.json"
 
 
 # -- the launcher side ----------------------------------------------------------------------
@@ -171,7 +200,7 @@ def worker_argv(args: argparse.Namespace, methods: list[str], raw: Path) -> list
         "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--seed", str(args.seed),
         "--worker", "--worker-out", str(raw),
     ]  # fmt: skip
-    return argv + (["--e2e"] if args.e2e else [])
+    return argv + (["--e2e"] if args.e2e else []) + (["--ddp"] if args.ddp else [])
 
 
 def launch(args: argparse.Namespace) -> dict[str, Any]:
@@ -182,6 +211,24 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
         raise BenchError(f"{NETCLUSTER} not found: the cluster bench runs from a source checkout")
     load_before = os.getloadavg()
     started = time.perf_counter()
+    if args.comm_ratios:
+        result = launch_at_ratios(args, methods)
+    else:
+        result = launch_one(args, methods)
+    info = run_info("cluster", "cpu")
+    info["threads"] = args.threads
+    result = {
+        **info,
+        **result,
+        "wall_s": time.perf_counter() - started,
+        "loadavg_before": list(load_before),
+        "loadavg_after": list(os.getloadavg()),
+    }
+    return result
+
+
+def launch_one(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
+    """One run of the ranks under netcluster at ``args.rate``; rank 0's result."""
     with tempfile.TemporaryDirectory(prefix="dgc-cluster-") as tmp:
         raw = Path(tmp) / "result.json"
         cmd = [
@@ -199,17 +246,28 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
             raise BenchError(f"the cluster run failed (exit status {proc.returncode}); see the messages above")
         if not raw.is_file():
             raise BenchError("the cluster run wrote no result")
-        result = json.loads(raw.read_text())
-    info = run_info("cluster", "cpu")
-    info["threads"] = args.threads
-    result = {
-        **info,
-        **result,
-        "wall_s": time.perf_counter() - started,
-        "loadavg_before": list(load_before),
-        "loadavg_after": list(os.getloadavg()),
-    }
-    return result
+        return json.loads(raw.read_text())
+
+
+def launch_at_ratios(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
+    """--comm-ratios: a calibration run (local and ddp at ``args.rate``) gives the compute-only step and the bytes
+    DDP puts on a machine's link per step; each ratio r then runs at the rate where those bytes take r compute-only
+    steps. Every run is one netcluster launch; one JSON holds them all."""
+    calibration = launch_one(replace(args, steps=max(3, args.steps // 2)), ["local", "ddp"])
+    local_s = calibration["methods"]["local"]["step_s"]
+    link_bytes = calibration["methods"]["ddp"]["link_bytes"]
+    if not link_bytes:
+        raise BenchError("the calibration run measured no bytes on the links (no veth counter): cannot set the rates")
+    runs = []
+    for ratio in args.comm_ratios:
+        mbit = max(1, round(link_bytes * 8 / (ratio * local_s) / 1e6))
+        log(f"cluster: DDP fp32 traffic {link_bytes / 1e6:.1f} MB per machine and step, compute-only step "
+            f"{local_s:.3f} s: {ratio:g}x compute at {mbit} mbit/s")  # fmt: skip
+        result = launch_one(replace(args, rate=f"{mbit}mbit"), methods)
+        result["comm_ratio_target"] = ratio
+        result["comm_ratio_measured"] = ddp_comm_ratio(result)
+        runs.append(result)
+    return {"mode": "e2e-ddp-ratios", "calibration": calibration, "runs": runs}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -254,7 +312,10 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     methods = resolve_methods(args)
     try:
-        result = run_e2e(args, methods, info) if args.e2e else run_exchange(args, methods, info)
+        if args.ddp:
+            result = run_ddp_e2e(args, methods, info)
+        else:
+            result = run_e2e(args, methods, info) if args.e2e else run_exchange(args, methods, info)
     except BaseException:
         shutdown(clean=False)
         raise
@@ -458,6 +519,10 @@ def run_e2e(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any
 
 # -- plot -----------------------------------------------------------------------------------
 def plot(result: dict[str, Any], path: Path) -> Path:
+    if result["mode"].startswith("e2e-ddp"):
+        from dgc.bench.ddp_e2e import plot_exposed
+
+        return plot_exposed(result, path)
     import matplotlib
 
     matplotlib.use("Agg")
