@@ -123,8 +123,9 @@ def test_a_nan_in_one_workers_last_bucket_leaves_every_workers_state_and_model_u
         assert tensors0.keys() == tensors1.keys() and tensors0
         for name in tensors0:
             for key in tensors0[name]:
+                where = f"rank {rank}: {name}.{key} changed"
                 torch.testing.assert_close(tensors0[name][key], tensors1[name][key], rtol=0, atol=0,
-                                           msg=lambda m, n=name, k=key: f"rank {rank}: {n}.{k} changed: {m}")  # fmt: skip
+                                           msg=lambda m, w=where: f"{w}: {m}")  # fmt: skip
         assert torch.equal(e0["generator"], e1["generator"]), f"rank {rank}: the sampling stream moved"
         assert e0["thresholds"] == e1["thresholds"]
         assert all(torch.isfinite(p).all() for p in out["end"]), "a NaN reached the model"
