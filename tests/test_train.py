@@ -178,8 +178,10 @@ def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
         (["train.test_eval=sometimes"], "train.test_eval must be one of every, end, never"),
         (["train.test_eval=never"], "train.test_eval=never evaluates the validation split only, and fmnist_resnet20"),
         (["sync.overlap=true"], "sync.overlap=true needs sync.ddp_hook=true"),
-        (["sync.ddp_hook=true", "sync.overlap=true", "sync.clip_norm=1", "sync.clip_scope=step"],
-         "use clip_scope=tensor (or auto) with sync.overlap=true"),
+        (
+            ["sync.ddp_hook=true", "sync.overlap=true", "sync.clip_norm=1", "sync.clip_scope=step"],
+            "use clip_scope=tensor (or auto) with sync.overlap=true",
+        ),
     ],
     ids=[
         "unknown-task",
