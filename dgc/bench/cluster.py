@@ -253,7 +253,7 @@ def launch_at_ratios(args: argparse.Namespace, methods: list[str]) -> dict[str, 
     """--comm-ratios: a calibration run (local and ddp at ``args.rate``) gives the compute-only step and the bytes
     DDP puts on a machine's link per step; each ratio r then runs at the rate where those bytes take r compute-only
     steps. Every run is one netcluster launch; one JSON holds them all."""
-    calibration = launch_one(replace(args, steps=max(3, args.steps // 2)), ["local", "ddp"])
+    calibration = launch_one(argparse.Namespace(**{**vars(args), "steps": max(3, args.steps // 2)}), ["local", "ddp"])
     local_s = calibration["methods"]["local"]["step_s"]
     link_bytes = calibration["methods"]["ddp"]["link_bytes"]
     if not link_bytes:
@@ -263,7 +263,7 @@ def launch_at_ratios(args: argparse.Namespace, methods: list[str]) -> dict[str, 
         mbit = max(1, round(link_bytes * 8 / (ratio * local_s) / 1e6))
         log(f"cluster: DDP fp32 traffic {link_bytes / 1e6:.1f} MB per machine and step, compute-only step "
             f"{local_s:.3f} s: {ratio:g}x compute at {mbit} mbit/s")  # fmt: skip
-        result = launch_one(replace(args, rate=f"{mbit}mbit"), methods)
+        result = launch_one(argparse.Namespace(**{**vars(args), "rate": f"{mbit}mbit"}), methods)
         result["comm_ratio_target"] = ratio
         result["comm_ratio_measured"] = ddp_comm_ratio(result)
         runs.append(result)
