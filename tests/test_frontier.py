@@ -18,15 +18,19 @@ def _configs(table: str) -> dict:
 
 def test_the_grid_gives_every_arm_three_rates_and_never_reads_the_test_split():
     cfg = _configs("cpu-frontier-grid")
-    assert len(cfg) == 3 * len(frontier.ARMS) == 30
+    assert len(cfg) == 3 * len(frontier.ARMS) + len(frontier.EXTENDED) == 37
     for arm in frontier.ARMS:
         rates = []
-        for m in frontier.GRID:
+        grid = frontier.grid_of(arm)
+        # the extension is one doubling past an end of the grid, nothing else
+        assert set(grid) - set(frontier.GRID) <= {frontier.GRID[0] / 2, frontier.GRID[-1] * 2}
+        assert len(grid) == 3 + (arm.key in frontier.EXTENDED)
+        for m in grid:
             run = cfg[f"{arm.key}-x{m:g}"]
             assert run.train.epochs == 4 and run.data.validation == 5000 and run.train.test_eval == "never"
             assert run.train.batch_size == 32 and run.seed == 0
             rates.append(run.local_steps.outer_lr if arm.lr_key.startswith("local_steps") else run.optim.lr)
-        assert rates == [arm.lr * m for m in frontier.GRID], arm.key
+        assert rates == [arm.lr * m for m in grid], arm.key
     assert cfg["diloco-h256-x1"].local_steps.every == 256 and cfg["diloco-h16-x1"].local_steps.outer_nesterov
     assert cfg["sparseloco-x1"].local_steps.every == 16 and cfg["sparseloco-x1"].local_steps.outer_momentum == 0
     assert cfg["demo-x1"].optim.momentum == 0 and not cfg["demo-x1"].optim.scale_lr
