@@ -95,6 +95,11 @@ bench-cluster: install ## (root) emulated 1 Gbps cluster benches of docs/perform
 	$(PY) -m dgc.bench costmodel results/bench/cluster_4x2.json results/bench/cluster_sar_2x1.json \
 	  results/bench/cluster_sar_4x1.json results/bench/cluster_sar_8x1.json --out results/bench/costmodel.json
 
+.PHONY: projection
+projection: install ## the step-time model of real hardware: every method and profile, 8 to 1,024 GPUs (results/bench/projection.json), and its check on this machine's e2e runs
+	$(PY) -m dgc.costmodel --table --out results/bench/projection.json
+	$(PY) -m dgc.costmodel --check --e2e results/bench/cluster_e2e_ddp.json $(wildcard results/bench/cluster_e2e_ddp_rerun.json)
+
 gpu-check: install ## (GPU machine) the whole GPU check in one command, ~8 min: gpu tests, every task on CUDA, every collective on NCCL, compress timing, cluster bench; results/gpu/
 	$(PY) -m dgc.bench gpu --out-dir results/gpu
 
