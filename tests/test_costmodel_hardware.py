@@ -104,7 +104,7 @@ def test_cli_table_writes_every_profile_from_8_to_1024_gpus(tmp_path, capsys):
     "args, says",
     [
         (["--explain", "--profile", "h100-nope"], "invalid choice: 'h100-nope'"),
-        (["--explain", "--machines", "0"], "must be a whole number >= 1"),
+        (["--explain", "--machines", "0"], "must be an integer >= 1"),
         (["--check", "--e2e", "/nonexistent/e2e.json"], "cannot read /nonexistent/e2e.json as an e2e bench JSON"),
         ([], "one of the arguments --explain --table --check is required"),
     ],

@@ -16,20 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dgc import atomic
+from dgc.bench.common import positive_int_arg
 from dgc.costmodel import hardware
 from dgc.costmodel.hardware import METHODS, PROFILES, WORKLOADS
 
 PROG = "python -m dgc.costmodel"
-
-
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return v
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument("--table", action="store_true", help="the projection of every profile, 1 to 128 machines")
     mode.add_argument("--check", action="store_true", help="the model against this machine's measured e2e runs")
     p.add_argument("--profile", choices=sorted(PROFILES), default="h100-ib400", help="(default: %(default)s)")
-    p.add_argument("--machines", type=_positive, default=16, help="machines of 8 GPUs (default: %(default)s)")
+    p.add_argument("--machines", type=positive_int_arg, default=16, help="machines of 8 GPUs (default: %(default)s)")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="resnet50", help="(default: %(default)s)")
     p.add_argument("--out", help="--table: also write the projection as JSON here")
     p.add_argument(
