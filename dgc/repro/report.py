@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from dgc import atomic
-from dgc.repro import checkpoint, plots
+from dgc.repro import checkpoint, frontier_cost, plots
 from dgc.repro.rundir import MULTIRUN_RECORD, read_records
 from dgc.repro.tables import HEADLINE, METRICS, TABLES, Paper, Row, Run, Table, get_table
 
@@ -301,6 +301,7 @@ def methods_of(table: Table, records: list[dict[str, Any]]) -> list[dict[str, An
             "method": method,
             "seeds": [r["seed"] for r in done],
             "runs": len(recs),
+            "compression": first["compression"],
             "world_size": first["world_size"],
             "steps": done[0]["steps"] if done else None,
         }
@@ -456,12 +457,18 @@ def _signed(value: float | None) -> str:
 def build(table: Table, runs: list[Run], command: str) -> dict[str, bytes]:
     """Every output file's bytes, made in memory first (so a failure leaves nothing half-written)."""
     records = rows_of(table, runs)
-    return {
+    files = {
         f"{table.name}.md": to_markdown(table, records, command).encode(),
         f"{table.name}.csv": to_csv(records).encode(),
         f"{table.name}-steps.png": plots.plot_steps(table, runs),
         f"{table.name}-ratio.png": plots.plot_ratio(table, runs),
     }
+    if table.frontier:
+        headline = table.metrics[0]
+        local_steps = {r.row.method: int(r.summary.get("local_steps") or 0) for r in runs}
+        files.update(frontier_cost.outputs(table.name, table.title, headline, METRICS.get(headline, (headline,))[0],
+                                           methods_of(table, records), local_steps, command))  # fmt: skip
+    return files
 
 
 def list_tables() -> str:

@@ -1,0 +1,255 @@
+"""The frontier's arms on real links: accuracy against bytes, and each method's step time at 1 to 25 Gb/s.
+
+Two outputs of ``python -m dgc.repro.report --table cpu-frontier`` (besides the table's own), made from the same
+run directories:
+
+* ``<table>-bytes.png``: the headline metric against the bytes one worker sends per step (log scale), one point per
+  arm (the mean over its seeds, bars: their spread), and the frontier: the arms no other arm beats on both (as few
+  or fewer bytes and as high or higher accuracy), joined by a step line;
+* ``<table>-projection.md``: each arm's step time projected for ResNet-50 on H100s (:data:`hardware.RESNET50`: 51.8
+  ms of compute per step, assumed from published throughput), one GPU per worker, :data:`WORKERS` workers, on a
+  network of :data:`LINKS_GBPS` per worker with :data:`LATENCIES_MS` per message (a LAN and a link between
+  regions; the constants are the grid's, nothing is fitted here). The same numbers go into the plot's second panel.
+
+How an arm is priced (:func:`arm_cost`, :func:`step_s`):
+
+* bytes: ResNet-50's fp32 gradient divided by the arm's wire ratio measured on the frontier's runs (bytes as
+  trained: each arm's own settings, indices and headers included). An arm with local steps (DiLoCo, SparseLoCo:
+  ``local_steps`` H in the run's summary) sends H steps' worth every H steps;
+* collectives per exchange: :data:`COLLECTIVES`, what the library issues per exchange (the message lengths, the
+  message, the values sent dense; a test checks them against :class:`dgc.GradientSync`'s own count). The
+  dense fp32 and bf16 arms are priced as users run them, with DDP's buckets overlapped with the backward pass
+  (:func:`dgc.costmodel.hardware.step_s`); every other arm exchanges after the backward pass, as the trainer
+  does: nothing is hidden (PyTorch's PowerSGD hook would overlap; ours does not);
+* a ring allreduce (dense, bf16, PowerSGD, DiLoCo) costs ``2 (N-1)`` message latencies and puts ``2 (N-1)/N S`` on
+  each worker's link; an allgather (DGC, DeMo, SparseLoCo) ``N-1`` latencies and receives ``(N-1) S``; each further
+  collective of an exchange costs its latencies (its bytes are in S);
+* left out, alike for every arm: the compressors' own GPU work (DGC's is under 1 ms per step on an H100 by
+  :mod:`dgc.costmodel.hardware`; DeMo's DCT is not measured on a GPU here) and the trainer's one 8-byte allreduce
+  per step that agrees on non-finite gradients.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dgc.costmodel import hardware
+from dgc.costmodel.hardware import Link, Profile, Workload
+
+#: the links of the projection: Gbit/s per worker and direction, and the latency of one message (ms)
+LINKS_GBPS = (1.0, 10.0, 25.0)
+LATENCIES_MS = (0.1, 30.0)
+#: workers in the projection: the frontier's own
+WORKERS = 4
+#: collectives per exchange of each compression preset (dgc.GradientSync's count; tests/test_frontier_cost.py)
+COLLECTIVES = {"none": 1, "bf16": 1, "diloco": 1, "diloco_bf16": 1, "powersgd": 3, "dgc": 3, "dgc_chunk": 2,
+               "demo": 1, "sparseloco": 2}  # fmt: skip
+#: how each preset's message travels: a ring allreduce of a dense buffer, or an allgather of each worker's message
+ALLGATHER = ("dgc", "dgc_chunk", "demo", "sparseloco")
+
+
+class FrontierCostError(ValueError):
+    """An arm the projection cannot price (one line, naming what is valid)."""
+
+
+def link_profile(gbps: float, latency_ms: float) -> Profile:
+    """One GPU per worker, each on its own network link of ``gbps`` with ``latency_ms`` per message."""
+    link = Link(gbps, latency_ms * 1e3, f"{gbps:g} Gb/s, {latency_ms:g} ms per message: the projection's grid")
+    return Profile(f"{gbps:g}gbps-{latency_ms:g}ms", f"{gbps:g} Gb/s, {latency_ms:g} ms", 1, link, link,
+                   base_latency_us=0.0)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ArmCost:
+    method: str
+    compression: str
+    #: steps per exchange (1: every step's gradient; H: local steps)
+    every: int
+    #: the wire ratio measured on the frontier (dense fp32 bytes / bytes sent, per step)
+    wire_ratio: float
+    #: bytes one worker puts into an exchange, priced on the workload's gradient
+    nbytes: float
+    collectives: int
+    #: "ddp" (DDP's overlapped buckets), "allreduce" or "allgather"
+    kind: str
+
+
+def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float, steps: int | None = None,
+             w: Workload = hardware.RESNET50) -> ArmCost:  # fmt: skip
+    """What one arm sends per exchange on workload ``w``, from its measured wire ratio (per step, over ``steps``
+    steps: a run of local steps also exchanges at its end, ``ceil(steps / H)`` exchanges in all)."""
+    if compression not in COLLECTIVES:
+        raise FrontierCostError(f"no price for compression {compression!r}: valid: {', '.join(COLLECTIVES)}")
+    if not wire_ratio or wire_ratio <= 0:
+        raise FrontierCostError(f"{method}: no measured wire ratio (the run has no bytes per step)")
+    every = max(int(local_steps or 0), 1)
+    per_exchange = steps / math.ceil(steps / every) if steps else every
+    nbytes = 4 * w.numel * per_exchange / wire_ratio
+    if compression in ("none", "bf16") and every == 1:
+        kind = "ddp"
+    else:
+        kind = "allgather" if compression in ALLGATHER else "allreduce"
+    return ArmCost(method, compression, every, wire_ratio, nbytes, COLLECTIVES[compression], kind)
+
+
+def exchange_s(arm: ArmCost, p: Profile, workers: int) -> float:
+    """One exchange of ``arm`` (not DDP's) over ``workers`` workers of profile ``p``."""
+    collective = hardware.allgather_s if arm.kind == "allgather" else hardware.allreduce_s
+    return collective(p, arm.nbytes, workers) + (arm.collectives - 1) * collective(p, 0.0, workers)
+
+
+def step_s(arm: ArmCost, p: Profile, workers: int = WORKERS, w: Workload = hardware.RESNET50) -> float:
+    """The mean step of ``arm``: the compute, and its exchanges spread over the steps between them."""
+    if arm.kind == "ddp":
+        method = "ddp_bf16" if arm.compression == "bf16" else "ddp_fp32"
+        return hardware.step_s(p, w, method, workers)["step_s"]
+    return w.compute_s + exchange_s(arm, p, workers) / arm.every
+
+
+def projection(arms: list[ArmCost], workers: int = WORKERS, w: Workload = hardware.RESNET50) -> dict[str, Any]:
+    """Every arm's step (seconds) on every link of the grid."""
+    links = [(g, lat) for lat in LATENCIES_MS for g in LINKS_GBPS]
+    return {
+        "workload": w.name, "compute_s": w.compute_s, "compute_source": w.compute_source, "workers": workers,
+        "links": [{"gbps": g, "latency_ms": lat} for g, lat in links],
+        "arms": [dict(asdict(a), step_s=[step_s(a, link_profile(g, lat), workers, w) for g, lat in links])
+                 for a in arms],
+    }  # fmt: skip
+
+
+def frontier(points: list[tuple[float, float]]) -> list[int]:
+    """The indices of the points (bytes, accuracy) no other point beats on both: as few or fewer bytes and as high
+    or higher accuracy, better on one. Sorted by bytes."""
+    keep = [
+        i for i, (b, a) in enumerate(points)
+        if not any(b2 <= b and a2 >= a and (b2 < b or a2 > a) for j, (b2, a2) in enumerate(points) if j != i)
+    ]  # fmt: skip
+    return sorted(keep, key=lambda i: points[i][0])
+
+
+# -- the outputs of a frontier table ------------------------------------------------------------------------------
+def arms_of(methods: list[dict[str, Any]], local_steps: dict[str, int]) -> list[tuple[dict[str, Any], ArmCost]]:
+    """The report's per-method records that ran, each with its price (``local_steps``: H per method label)."""
+    out = []
+    for rec in methods:
+        if rec["steps"] is None or rec["wire_ratio"] is None:
+            continue
+        out.append((rec, arm_cost(rec["method"], rec["compression"], local_steps.get(rec["method"], 0),
+                                  rec["wire_ratio"], rec["steps"])))  # fmt: skip
+    return out
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f}" if seconds >= 0.1 else f"{seconds * 1e3:.1f}"
+
+
+#: how far below dense fp32's accuracy an arm may be and still count as keeping it (points of the headline metric)
+KEEPS = 1.0
+
+
+def fastest(headline: str, priced: list[tuple[dict[str, Any], ArmCost]], proj: dict[str, Any],
+            links: list[str]) -> list[str]:  # fmt: skip
+    """Per link: the fastest arm, and the fastest that keeps dense fp32's accuracy within :data:`KEEPS`."""
+    dense = next((rec[headline] for rec, arm in priced if arm.compression == "none" and arm.every == 1), None)
+    keeping = [i for i, (rec, _) in enumerate(priced)
+               if dense is not None and rec[headline] is not None and rec[headline] >= dense - KEEPS]  # fmt: skip
+    out = []
+    for c, link in enumerate(links):
+        step = [row["step_s"][c] for row in proj["arms"]]
+        best = min(range(len(priced)), key=step.__getitem__)
+        line = f"- {link}: fastest {priced[best][1].method} ({_ms(step[best])} ms)"
+        if keeping:
+            kept = min(keeping, key=step.__getitem__)
+            line += (f"; fastest within {KEEPS:g} point of dense fp32's {headline}: {priced[kept][1].method} "
+                     f"({_ms(step[kept])} ms)")  # fmt: skip
+        out.append(line)
+    return out
+
+
+def to_markdown(title: str, headline: str, priced: list[tuple[dict[str, Any], ArmCost]], proj: dict[str, Any],
+                command: str) -> str:  # fmt: skip
+    links = [f"{x['gbps']:g} Gb/s, {x['latency_ms']:g} ms" for x in proj["links"]]
+    head = ["method", headline, "H", "bytes/exchange (ResNet-50)", *links]
+    lines = [f"# {title}: projected step time (ms), ResNet-50 on H100s, {proj['workers']} workers", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for (rec, arm), row in zip(priced, proj["arms"], strict=True):
+        acc = rec[headline]
+        cells = [arm.method, f"{acc:.2f}" if acc is not None else "-", str(arm.every) if arm.every > 1 else "-",
+                 f"{arm.nbytes / 2**20:,.2f} MB", *(_ms(s) for s in row["step_s"])]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *fastest(headline, priced, proj, links), ""]
+    lines += [
+        f"Compute: {proj['compute_s'] * 1e3:.1f} ms per step ({proj['compute_source']}). Each arm's bytes: ResNet-50's "
+        "fp32 gradient over its wire ratio measured on this table's runs; dense fp32 and bf16 as DDP overlaps them "
+        "with the backward pass, every other arm after the backward pass, as the trainer runs it; an exchange of H "
+        "local steps spread over its H steps. The model and what it leaves out: `dgc/repro/frontier_cost.py`.",
+        "", f"Made by `{command}`.",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(title: str, headline: str, label: str, priced: list[tuple[dict[str, Any], ArmCost]],
+         proj: dict[str, Any]) -> bytes:  # fmt: skip
+    """Accuracy against bytes per worker per step, the frontier drawn; beside it each arm's projected step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dgc.repro import plots
+
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(13, 5))
+    points = [(rec["sent_mb"] * 2**20, rec[headline]) for rec, _ in priced]
+    for i, ((rec, arm), (x, y)) in enumerate(zip(priced, points, strict=True)):
+        ax.errorbar([x], [y], yerr=rec.get(f"{headline}_sd") or 0.0, fmt="o", color=f"C{i % 10}", capsize=3,
+                    label=arm.method)  # fmt: skip
+    edge = frontier(points)
+    if len(edge) > 1:
+        xs, ys = [points[i][0] for i in edge], [points[i][1] for i in edge]
+        ax.step(xs, ys, where="post", color="0.4", linestyle="--", linewidth=1, label="frontier")
+    ax.set_xscale("log")
+    ax.set(xlabel="bytes one worker sends per step (log)", ylabel=f"{label} (higher is better)",
+           title="accuracy against bytes (mean over seeds, bars: spread)")  # fmt: skip
+    ax.grid(alpha=0.3, which="both")
+    width = 0.8 / max(len(priced), 1)
+    for i in range(len(priced)):
+        row = proj["arms"][i]["step_s"]
+        bars.bar([c + (i + 0.5 - len(priced) / 2) * width for c in range(len(row))], [s * 1e3 for s in row], width,
+                 color=f"C{i % 10}")  # fmt: skip
+    bars.axhline(proj["compute_s"] * 1e3, color="0.3", linewidth=1, linestyle=":")
+    bars.set_xticks(range(len(proj["links"])),
+                    [f"{x['gbps']:g} Gb/s\n{x['latency_ms']:g} ms" for x in proj["links"]])  # fmt: skip
+    bars.set_yscale("log")
+    bars.set(
+        ylabel="projected step (ms, log; dotted: compute only)",
+        title=f"projected step: ResNet-50 on H100s, {proj['workers']} workers, per link and message latency",
+    )
+    bars.grid(alpha=0.3, axis="y", which="both")
+    handles, labels = ax.get_legend_handles_labels()
+    fig.tight_layout()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
+    plots._title(fig, title)
+    return plots._png(fig)
+
+
+def outputs(name: str, title: str, headline: str, label: str, methods: list[dict[str, Any]],
+            local_steps: dict[str, int], command: str) -> dict[str, bytes]:  # fmt: skip
+    """The files a frontier table adds to its report (nothing when no arm has run yet)."""
+    priced = arms_of(methods, local_steps)
+    if not priced:
+        return {}
+    proj = projection([arm for _, arm in priced])
+    return {
+        f"{name}-bytes.png": plot(title, headline, label, priced, proj),
+        f"{name}-projection.md": to_markdown(title, headline, priced, proj, command).encode(),
+        f"{name}-projection.json": (json.dumps(proj, indent=2) + "\n").encode(),
+    }
+
+
+__all__ = [
+    "ALLGATHER", "COLLECTIVES", "KEEPS", "LATENCIES_MS", "LINKS_GBPS", "WORKERS", "ArmCost", "FrontierCostError",
+    "arm_cost", "arms_of", "exchange_s", "fastest", "frontier", "link_profile", "outputs", "projection", "step_s",
+]  # fmt: skip

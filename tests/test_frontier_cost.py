@@ -1,0 +1,102 @@
+"""The frontier's arms on real links (dgc.repro.frontier_cost): prices re-derived by hand, the library's own
+collective counts, the frontier of accuracy against bytes, and the report's extra files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from dgc.bench.wire import measure
+from dgc.costmodel import hardware
+from dgc.repro import frontier_cost as fc
+from tests.test_report import PNG, fake_table, run_report
+
+W = hardware.RESNET50
+DENSE = 4 * W.numel
+
+
+@pytest.mark.parametrize("name", sorted(fc.COLLECTIVES))
+def test_collectives_per_exchange_are_what_the_library_issues(name):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.ReLU(), torch.nn.Linear(200, 10))
+    assert measure(model, name, density=0.001, steps=2)["collectives"] == fc.COLLECTIVES[name]
+
+
+def test_an_allgather_arm_by_hand():
+    arm = fc.arm_cost("DGC", "dgc", 0, wire_ratio=300.0)
+    assert (arm.kind, arm.every, arm.collectives) == ("allgather", 1, 3)
+    assert arm.nbytes == pytest.approx(DENSE / 300)
+    p = fc.link_profile(1.0, 30.0)  # 125 MB/s, 30 ms per message
+    n = 4
+    by_hand = 3 * (n - 1) * 0.030 + (n - 1) * arm.nbytes / 125e6
+    assert fc.step_s(arm, p, n) == pytest.approx(W.compute_s + by_hand)
+
+
+def test_local_steps_send_a_whole_pseudo_gradient_every_h_steps():
+    # a run of 100 steps at H = 16: 7 exchanges (the 7th at the end of the run), the ratio measured per step
+    steps, h = 100, 16
+    ratio = steps / math.ceil(steps / h)
+    arm = fc.arm_cost("DiLoCo", "diloco", h, wire_ratio=ratio, steps=steps)
+    assert (arm.kind, arm.every, arm.collectives) == ("allreduce", h, 1)
+    assert arm.nbytes == pytest.approx(DENSE)
+    p = fc.link_profile(10.0, 0.1)
+    n = 4
+    ring = 2 * (n - 1) * 0.1e-3 + 2 * (n - 1) / n * DENSE / 1.25e9
+    assert fc.step_s(arm, p, n) == pytest.approx(W.compute_s + ring / h)
+
+
+def test_dense_arms_are_ddp_overlapped_with_the_backward_pass():
+    p = fc.link_profile(25.0, 0.1)
+    for compression, method in (("none", "ddp_fp32"), ("bf16", "ddp_bf16")):
+        arm = fc.arm_cost("dense", compression, 0, wire_ratio=1.0 if compression == "none" else 2.0)
+        assert arm.kind == "ddp"
+        assert fc.step_s(arm, p, 4) == hardware.step_s(p, W, method, 4)["step_s"]
+    # the overlap hides part of the allreduce: the step is below compute + the serial exchanges
+    dense = fc.arm_cost("dense", "none", 0, 1.0)
+    serial = W.compute_s + len(hardware.ddp_buckets(DENSE)) * hardware.allreduce_s(p, 0, 4) + hardware.allreduce_s(
+        p, DENSE, 4) - hardware.allreduce_s(p, 0, 4)  # fmt: skip
+    assert fc.step_s(dense, p, 4) < serial
+
+
+def test_latency_decides_between_many_small_messages_and_few_large_ones():
+    dgc = fc.arm_cost("DGC", "dgc", 0, 270.0)
+    diloco = fc.arm_cost("DiLoCo H=64", "diloco", 64, 64.0)
+    lan, wan = fc.link_profile(10.0, 0.1), fc.link_profile(10.0, 30.0)
+    assert fc.step_s(dgc, lan) < fc.step_s(diloco, lan)  # a LAN: DGC's 0.4 MB per step beats 98 MB per 64 steps
+    assert fc.step_s(diloco, wan) < fc.step_s(dgc, wan)  # 30 ms per message: DGC's 3 allgathers every step lose
+
+
+def test_unknown_arms_are_refused_naming_the_valid_ones():
+    with pytest.raises(fc.FrontierCostError, match="valid: none, bf16"):
+        fc.arm_cost("x", "terngrad", 0, 15.0)
+    with pytest.raises(fc.FrontierCostError, match="no measured wire ratio"):
+        fc.arm_cost("x", "dgc", 0, None)
+
+
+def test_the_frontier_keeps_the_points_nothing_beats_on_both():
+    points = [(1e6, 91.4), (5e5, 91.4), (4e3, 90.8), (4e3, 90.5), (1e3, 89.3), (2e4, 89.0), (4e3, 75.0)]
+    assert fc.frontier(points) == [4, 2, 1]
+    assert fc.frontier([(1.0, 1.0)]) == [0]
+
+
+def test_the_frontier_table_report_adds_bytes_plot_and_projection(tmp_path, capsys):
+    fake_table(tmp_path / "runs", "cpu-frontier")
+    out = tmp_path / "results"
+    code, stdout, _ = run_report(
+        ["--table", "cpu-frontier", "--runs-root", str(tmp_path / "runs"), "--out", str(out)], capsys
+    )
+    assert code == 0, stdout
+    assert (out / "cpu-frontier-bytes.png").read_bytes().startswith(PNG)
+    md = (out / "cpu-frontier-projection.md").read_text()
+    assert "| method | top1 | H | bytes/exchange (ResNet-50) | 1 Gb/s, 0.1 ms |" in md
+    assert md.count("\n| ") == 1 + 10  # the header and the 10 arms
+    assert "- 1 Gb/s, 30 ms: fastest " in md
+    proj = json.loads((out / "cpu-frontier-projection.json").read_text())
+    assert len(proj["arms"]) == 10 and all(len(a["step_s"]) == 6 for a in proj["arms"])
+    # a table that is not a frontier adds nothing
+    fake_table(tmp_path / "runs", "cpu-compact")
+    run_report(["--table", "cpu-compact", "--runs-root", str(tmp_path / "runs"), "--out", str(out)], capsys)
+    assert not list(out.glob("cpu-compact-projection*"))
