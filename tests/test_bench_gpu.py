@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from dgc.bench import gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,3 +76,16 @@ def test_a_failing_part_fails_the_check(tmp_path: Path, monkeypatch: pytest.Monk
         gpu.run(args)
     assert stop.value.code == 1
     assert "| select | x | FAILED |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, extra", gpu.GPU_COLLECTIVE_RUNS)
+def test_the_gpu_only_collective_runs_pass_on_the_cpu(tmp_path: Path, name: str, extra: list[str]) -> None:
+    # the runs the collectives part adds on a GPU, here on the CPU (gloo, a group of one): 4 steps, resumed to 6
+    fm = str(gpu._writers().fmnist(tmp_path / "fmnist", n_train=32, n_test=16))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update({"OMP_NUM_THREADS": "2", gpu.COLLECTIVES_AT_WORLD_1: "1"})
+    base = ["task=fmnist_resnet20", f"data.root={fm}", "train.progress=false", "device=cpu", *gpu.TINY[1:]]
+    ctx = gpu.Context(tmp_path, 600, self_test=True)
+    row = gpu._run_resumed([sys.executable, "-m", "dgc.train", *base, *extra], tmp_path / name, ctx, env)
+    assert row["rc"] == 0 and row["ok_steps"], row

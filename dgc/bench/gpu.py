@@ -15,7 +15,8 @@ passes ``results/gpu``):
 3. ``collectives.json``: every collective on a real process group, which a world of one otherwise skips:
    ``DGC_COLLECTIVES_AT_WORLD_1=1`` (:mod:`dgc.distributed`) makes a group of one (NCCL on CUDA, gloo in
    the self-test) and keeps the collectives; each exchange (flat, sparse_allreduce, hierarchical), the
-   DDP hook and a dense compressor, each run to 4 steps with checkpoints, then resumed to 6. With two
+   DDP hook and a dense compressor, each run to 4 steps with checkpoints, then resumed to 6; on a GPU also the
+   overlapped DDP hook, chunk selection, DeMo, DiLoCo and SparseLoCo (``GPU_COLLECTIVE_RUNS``). With two
    GPUs or more, the same with 2 ranks under torchrun.
 4. ``select_<model>.json``: :mod:`dgc.bench.select` on the gradient size of ResNet-50, AlexNet and
    the PTB LSTM: DGC's compress step against exact ``torch.topk`` and one memory pass, interleaved.
@@ -219,6 +220,15 @@ COLLECTIVE_RUNS = (
     ("ddp_hook", ["compression=dgc", "sync.ddp_hook=true"]),
     ("powersgd", ["compression=powersgd"]),
 )
+#: the same on a GPU only (each passes on the CPU; left out of the self-test to keep CI short): the overlapped DDP
+#: hook (its CUDA events and futures), chunk selection, DeMo, and local steps (DiLoCo, SparseLoCo) on NCCL
+GPU_COLLECTIVE_RUNS = (
+    ("ddp_hook_overlap", ["compression=dgc", "sync.ddp_hook=true", "sync.overlap=true"]),
+    ("dgc_chunk", ["compression=dgc_chunk"]),
+    ("demo", ["compression=demo"]),
+    ("diloco", ["compression=diloco", "local_steps.every=2"]),
+    ("sparseloco", ["compression=sparseloco", "local_steps.every=2"]),
+)
 
 
 def part_collectives(ctx: Context) -> dict[str, Any]:
@@ -236,7 +246,7 @@ def part_collectives(ctx: Context) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     try:
         for where, launch in launchers:
-            for name, extra in COLLECTIVE_RUNS:
+            for name, extra in COLLECTIVE_RUNS if ctx.self_test else COLLECTIVE_RUNS + GPU_COLLECTIVE_RUNS:
                 row = _run_resumed([*launch, *base, *extra], runs / f"{where}-{name}", ctx, env)
                 rows.append({"name": f"{where} {name}", **row, "ok": row["rc"] == 0 and row["ok_steps"]})
         backend = "gloo" if ctx.self_test else "nccl"
