@@ -16,14 +16,16 @@ How an arm is priced (:func:`arm_cost`, :func:`step_s`):
 * bytes: ResNet-50's fp32 gradient divided by the arm's wire ratio measured on the frontier's runs (bytes as
   trained: each arm's own settings, indices and headers included). An arm with local steps (DiLoCo, SparseLoCo:
   ``local_steps`` H in the run's summary) sends H steps' worth every H steps;
-* collectives per exchange: :data:`COLLECTIVES`, what the library issues per exchange (the message lengths, the
-  message, the values sent dense; a test checks them against :class:`dgc.GradientSync`'s own count). The
+* collectives per exchange: :data:`COLLECTIVES`, what the library issues per exchange, in order (a test checks
+  their number against :class:`dgc.GradientSync`'s own count): DGC's message lengths, its message and the values
+  it sends dense (BatchNorm, biases: ``dense_rest`` of the workload, in an allreduce of their own); the payload is
+  the arm's bytes less those (split evenly where two collectives carry it: PowerSGD's P and Q). The
   dense fp32 and bf16 arms are priced as users run them, with DDP's buckets overlapped with the backward pass
   (:func:`dgc.costmodel.hardware.step_s`); every other arm exchanges after the backward pass, as the trainer
   does: nothing is hidden (PyTorch's PowerSGD hook would overlap; ours does not);
-* a ring allreduce (dense, bf16, PowerSGD, DiLoCo) costs ``2 (N-1)`` message latencies and puts ``2 (N-1)/N S`` on
-  each worker's link; an allgather (DGC, DeMo, SparseLoCo) ``N-1`` latencies and receives ``(N-1) S``; each further
-  collective of an exchange costs its latencies (its bytes are in S);
+* a ring allreduce of S bytes (dense, bf16, PowerSGD, DiLoCo, the values sent dense) costs ``2 (N-1)`` message
+  latencies and puts ``2 (N-1)/N S`` on each worker's link; an allgather (DGC, DeMo, SparseLoCo) ``N-1`` latencies
+  and receives ``(N-1) S`` (:func:`dgc.costmodel.hardware.allreduce_s`, ``allgather_s``);
 * left out, alike for every arm: the compressors' own GPU work (DGC's is under 1 ms per step on an H100 by
   :mod:`dgc.costmodel.hardware`; DeMo's DCT is not measured on a GPU here) and the trainer's one 8-byte allreduce
   per step that agrees on non-finite gradients.
@@ -44,11 +46,14 @@ LINKS_GBPS = (1.0, 10.0, 25.0)
 LATENCIES_MS = (0.1, 30.0)
 #: workers in the projection: the frontier's own
 WORKERS = 4
-#: collectives per exchange of each compression preset (dgc.GradientSync's count; tests/test_frontier_cost.py)
-COLLECTIVES = {"none": 1, "bf16": 1, "diloco": 1, "diloco_bf16": 1, "powersgd": 3, "dgc": 3, "dgc_chunk": 2,
-               "demo": 1, "sparseloco": 2}  # fmt: skip
-#: how each preset's message travels: a ring allreduce of a dense buffer, or an allgather of each worker's message
-ALLGATHER = ("dgc", "dgc_chunk", "demo", "sparseloco")
+#: the collectives of one exchange of each compression preset, in order (the compressors' ``steps``; their number
+#: is dgc.GradientSync's count, tests/test_frontier_cost.py): "allreduce" / "allgather" carry the payload, "lengths"
+#: is AllgatherBytes' allgather of the message lengths (8 bytes each), "rest" the allreduce of the values sent dense
+COLLECTIVES: dict[str, tuple[str, ...]] = {
+    "none": ("allreduce",), "bf16": ("allreduce",), "diloco": ("allreduce",), "diloco_bf16": ("allreduce",),
+    "powersgd": ("allreduce", "allreduce", "rest"), "dgc": ("lengths", "allgather", "rest"),
+    "dgc_chunk": ("allgather", "rest"), "demo": ("allgather",), "sparseloco": ("allgather", "rest"),
+}  # fmt: skip
 
 
 class FrontierCostError(ValueError):
@@ -72,8 +77,10 @@ class ArmCost:
     wire_ratio: float
     #: bytes one worker puts into an exchange, priced on the workload's gradient
     nbytes: float
-    collectives: int
-    #: "ddp" (DDP's overlapped buckets), "allreduce" or "allgather"
+    #: its collectives per exchange (:data:`COLLECTIVES`) and the bytes of its values sent dense (in ``nbytes``)
+    collectives: tuple[str, ...]
+    rest_bytes: float
+    #: "ddp" (DDP's overlapped buckets) or "serial" (after the backward pass)
     kind: str
 
 
@@ -88,17 +95,19 @@ def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float,
     every = max(int(local_steps or 0), 1)
     per_exchange = steps / math.ceil(steps / every) if steps else every
     nbytes = 4 * w.numel * per_exchange / wire_ratio
-    if compression in ("none", "bf16") and every == 1:
-        kind = "ddp"
-    else:
-        kind = "allgather" if compression in ALLGATHER else "allreduce"
-    return ArmCost(method, compression, every, wire_ratio, nbytes, COLLECTIVES[compression], kind)
+    collectives = COLLECTIVES[compression]
+    rest = min(4.0 * w.dense_rest, nbytes) if "rest" in collectives else 0.0
+    kind = "ddp" if compression in ("none", "bf16") and every == 1 else "serial"
+    return ArmCost(method, compression, every, wire_ratio, nbytes, collectives, rest, kind)
 
 
 def exchange_s(arm: ArmCost, p: Profile, workers: int) -> float:
-    """One exchange of ``arm`` (not DDP's) over ``workers`` workers of profile ``p``."""
-    collective = hardware.allgather_s if arm.kind == "allgather" else hardware.allreduce_s
-    return collective(p, arm.nbytes, workers) + (arm.collectives - 1) * collective(p, 0.0, workers)
+    """One exchange of ``arm`` (not DDP's) over ``workers`` workers of profile ``p``: each of its collectives."""
+    carriers = sum(c in ("allreduce", "allgather") for c in arm.collectives)
+    payload = (arm.nbytes - arm.rest_bytes) / carriers
+    sizes = {"allreduce": payload, "allgather": payload, "lengths": 8.0, "rest": arm.rest_bytes}
+    return sum((hardware.allgather_s if c in ("allgather", "lengths") else hardware.allreduce_s)(p, sizes[c], workers)
+               for c in arm.collectives)  # fmt: skip
 
 
 def step_s(arm: ArmCost, p: Profile, workers: int = WORKERS, w: Workload = hardware.RESNET50) -> float:
@@ -250,6 +259,6 @@ def outputs(name: str, title: str, headline: str, label: str, methods: list[dict
 
 
 __all__ = [
-    "ALLGATHER", "COLLECTIVES", "KEEPS", "LATENCIES_MS", "LINKS_GBPS", "WORKERS", "ArmCost", "FrontierCostError",
+    "COLLECTIVES", "KEEPS", "LATENCIES_MS", "LINKS_GBPS", "WORKERS", "ArmCost", "FrontierCostError",
     "arm_cost", "arms_of", "exchange_s", "fastest", "frontier", "link_profile", "outputs", "projection", "step_s",
 ]  # fmt: skip
