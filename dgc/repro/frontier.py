@@ -68,9 +68,13 @@ ARMS: tuple[Arm, ...] = (
     Arm("sparseloco", "SparseLoCo, H = 16", "sparseloco", "local_steps.outer_lr", 1.0),
 )  # fmt: skip
 
-#: the multiplier of each arm's learning rate chosen on cpu-frontier-grid's validation top-1 (None: not chosen yet,
-#: the arm runs at its default, x1, and the report says so)
-CHOSEN: dict[str, float | None] = {arm.key: None for arm in ARMS}
+#: the multiplier of each arm's learning rate chosen on cpu-frontier-grid's validation top-1 (results/
+#: cpu-frontier-grid.md, seed 0): the best of its grid. bf16, PowerSGD, DGC, DGC chunk and DeMo were best at the
+#: extension x4 (the rule allows one doubling only: their best may lie higher still); SparseLoCo diverged at x4
+CHOSEN: dict[str, float | None] = {
+    "none": 2.0, "bf16": 4.0, "powersgd": 4.0, "dgc": 4.0, "dgc-chunk": 4.0, "diloco-h16": 1.0, "diloco-h64": 1.0,
+    "diloco-h256": 1.0, "demo": 4.0, "sparseloco": 2.0,
+}  # fmt: skip
 
 
 def _lr(arm: Arm, multiplier: float) -> str:
