@@ -72,6 +72,8 @@ format: ## apply ruff fixes and formatting
 bench: install ## selection, wire-size and GPU launch-count benchmarks, JSON under results/bench/
 	$(PY) -m dgc.bench select --out results/bench/select.json
 	$(PY) -m dgc.bench wire --model resnet50 --out results/bench/wire.json
+	$(PY) -m dgc.repro.frontier_cost --table cpu-frontier --wire results/bench/wire.json \
+	  > results/bench/frontier-projection.md.tmp && mv results/bench/frontier-projection.md.tmp results/bench/frontier-projection.md
 	$(PY) -m dgc.bench ops --methods none,fp16,topk,dgc,dgc_chunk,terngrad,qsgd,powersgd --out results/bench/ops.json
 
 CLUSTER := $(PY) -m dgc.bench cluster

@@ -122,6 +122,20 @@ def test_cuda_unavailable_is_one_line(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def test_wire_keeps_each_presets_density_unless_told(tmp_path: Path) -> None:
+    """Without --density every preset runs at its own (SparseLoCo 2%, DGC 0.1%); with it, every sparse one at it."""
+    out = tmp_path / "wire.json"
+    r = ok(bench("wire", "--model", "squeezenet1_1", "--compressors", "dgc,sparseloco", "--steps", "1", "--out",
+                 str(out)), out)  # fmt: skip
+    assert r["density"] is None
+    dgc, sparseloco = r["compressors"]["dgc"], r["compressors"]["sparseloco"]
+    assert sparseloco["density"] == pytest.approx(0.02, rel=0.1)
+    assert dgc["density"] == pytest.approx(0.001, rel=0.5)
+    r = ok(bench("wire", "--model", "squeezenet1_1", "--compressors", "sparseloco", "--density", "0.001", "--steps",
+                 "1", "--out", str(out)), out)  # fmt: skip
+    assert r["density"] == 0.001 and r["compressors"]["sparseloco"]["density"] == pytest.approx(0.001, rel=0.5)
+
+
 def test_help() -> None:
     for args in ([], ["select"], ["wire"]):
         proc = bench(*args, "--help")

@@ -112,3 +112,70 @@ def test_the_frontier_table_report_adds_bytes_plot_and_projection(tmp_path, caps
     fake_table(tmp_path / "runs", "cpu-compact")
     run_report(["--table", "cpu-compact", "--runs-root", str(tmp_path / "runs"), "--out", str(out)], capsys)
     assert not list(out.glob("cpu-compact-projection*"))
+
+
+def test_each_arm_finds_the_wire_bench_configuration_of_its_compression_settings():
+    trained = ("task.compression_warmup_epochs=1", "compression.wire_values=fp16", "optim.lr=0.1")
+    assert fc.bench_name("dgc", trained) == "dgc_fp16"
+    assert fc.bench_name("dgc_chunk", trained) == "dgc_chunk_fp16"
+    assert fc.bench_name("diloco", ("local_steps.every=16", "local_steps.outer_lr=0.7")) == "diloco"
+    assert fc.bench_name("dgc", ("compression.density=0.01",)) is None  # the bench has no such configuration
+
+
+def test_the_wire_bench_prices_resnet50s_own_bytes_when_it_is_resnet50s_at_each_presets_density(tmp_path):
+    path = tmp_path / "wire.json"
+    assert fc.wire_bench(path) == {}  # no file: the runs' ratios
+    bench = {"numel": W.numel, "density": None, "compressors": {"dgc_fp16": {"sent_bytes": 300_000}}}
+    path.write_text(json.dumps(bench))
+    assert fc.wire_bench(path) == {"dgc_fp16": 300_000.0}
+    for wrong in ({"numel": 11_000_000}, {"density": 0.01}):  # another model; one density for every preset
+        path.write_text(json.dumps({**bench, **wrong}))
+        assert fc.wire_bench(path) == {}
+    arm = fc.arm_cost("DGC", "dgc", 0, wire_ratio=100.0, measured=("dgc_fp16", 300_000.0))
+    assert (arm.nbytes, arm.bench) == (300_000.0, "dgc_fp16")
+    assert fc.arm_cost("DGC", "dgc", 0, wire_ratio=100.0).bench == ""
+
+
+def test_the_report_prices_from_the_wire_bench_beside_the_runs_and_marks_the_rest(tmp_path, capsys):
+    fake_table(tmp_path / "runs", "cpu-frontier")
+    (tmp_path / "bench").mkdir()
+    bench = {"numel": W.numel, "density": None, "compressors": {"none": {"sent_bytes": DENSE},
+                                                                 "dgc_fp16": {"sent_bytes": 2**20}}}  # fmt: skip
+    (tmp_path / "bench" / "wire.json").write_text(json.dumps(bench))
+    out = tmp_path / "results"
+    code, stdout, _ = run_report(
+        ["--table", "cpu-frontier", "--runs-root", str(tmp_path / "runs"), "--out", str(out)], capsys
+    )
+    assert code == 0, stdout
+    rows = {line.split(" | ")[0][2:]: line for line in (out / "cpu-frontier-projection.md").read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| method")}  # fmt: skip
+    dgc, dense = "DGC (the paper's settings), lr x4", "dense fp32 allreduce, lr x2"
+    assert "| 1.00 MB |" in rows[dgc] and f"| {DENSE / 2**20:,.2f} MB |" in rows[dense]
+    assert all(" MB * |" in line for name, line in rows.items() if name not in (dgc, dense)), rows
+    proj = json.loads((out / "cpu-frontier-projection.json").read_text())
+    assert {a["method"]: a["bench"] for a in proj["arms"]}[dgc] == "dgc_fp16"
+
+
+def test_the_projection_from_the_wire_bench_alone(tmp_path, capsys):
+    wire = tmp_path / "wire.json"
+    names = ("none", "bf16", "powersgd", "dgc_fp16", "dgc_chunk_fp16", "diloco", "demo", "sparseloco")
+    rows = {n: {"sent_bytes": 1000.0 * (i + 1)} for i, n in enumerate(names)}
+    wire.write_text(json.dumps({"numel": W.numel, "density": None, "compressors": rows}))
+    fc.main(["--wire", str(wire)])
+    md = capsys.readouterr().out
+    lines = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| method")]
+    assert len(lines) == 10 and not any(" * |" in line for line in lines)  # every arm priced from the bench
+    h16 = next(line for line in lines if line.startswith("| DiLoCo, H = 16"))
+    assert h16.split(" | ")[2] == "16"  # H from the row's local_steps.every
+    sparseloco = next(line for line in lines if line.startswith("| SparseLoCo"))
+    assert sparseloco.split(" | ")[2] == "16"  # H from the preset's default
+    # no usable bench, a table that is not a frontier: one line, exit 1
+    cases = (
+        (["--wire", str(tmp_path / "none.json")], "no wire bench of ResNet-50"),
+        (["--table", "cpu-fmnist", "--wire", str(wire)], "not a frontier table; valid: cpu-frontier"),
+    )
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            fc.main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 1 and message in err and len(err.strip().splitlines()) == 1

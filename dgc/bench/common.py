@@ -25,6 +25,8 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dgc_int32": ("dgc", ("compression.wire_indices=int32",)),
     "dgc_fp16": ("dgc", ("compression.wire_values=fp16",)),
     "dgc_rice": ("dgc", ("compression.wire_indices=rice",)),
+    # the frontier's chunk-selection arm (cpu-frontier): fp16 values, as its DGC arm (dgc_fp16)
+    "dgc_chunk_fp16": ("dgc_chunk", ("compression.wire_values=fp16",)),
     # the scale-out exchanges (dgc.exchanges); hierarchical takes the ranks per machine from the launcher
     "dgc_hierarchical": ("dgc", ("sync.exchange=hierarchical",)),
     "dgc_sparse_allreduce": ("dgc", ("sync.exchange=sparse_allreduce",)),

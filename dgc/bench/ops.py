@@ -103,7 +103,7 @@ def host_reads() -> Iterator[collections.Counter[str]]:
             setattr(torch.Tensor, name, method)
 
 
-def count_step(model: torch.nn.Module, name: str, density: float, seed: int = 0) -> dict[str, Any]:
+def count_step(model: torch.nn.Module, name: str, density: float | None, seed: int = 0) -> dict[str, Any]:
     """The operations and host synchronizations of the third ``sync.step()`` of configuration ``name``."""
     comp, sync, params = single_process_sync(model, name, density)
     gen = torch.Generator().manual_seed(seed)
@@ -132,7 +132,7 @@ def count_step(model: torch.nn.Module, name: str, density: float, seed: int = 0)
 def bench_ops(
     models: tuple[str, ...] = DEFAULT_MODELS,
     methods: tuple[str, ...] = DEFAULT_METHODS,
-    density: float = 0.001,
+    density: float | None = None,
     use_kernels: bool = False,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -186,7 +186,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help=f"comma-separated torchvision models (default: {','.join(DEFAULT_MODELS)})")  # fmt: skip
     p.add_argument("--methods", type=_names, default=DEFAULT_METHODS,
                    help=f"comma-separated compression presets (default: {','.join(DEFAULT_METHODS)})")  # fmt: skip
-    p.add_argument("--density", type=density_arg, default=0.001, help="density of the sparse methods (0.001)")
+    p.add_argument("--density", type=density_arg, default=None,
+                   help="one density for every sparse method (default: each preset's own)")  # fmt: skip
     p.add_argument("--kernels", choices=("off", "on"), default="off",
                    help="the native CPU kernel (default: off, the path CUDA tensors take)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)

@@ -4,7 +4,8 @@ The model (any torchvision classification model, built with ``weights=None``, so
 nothing is downloaded) gives the real parameter shapes. For every compression preset of
 ``conf/compression/`` (:mod:`dgc.repro.presets`: what ``python -m dgc.train compression=<name>`` uses),
 plus the variants ``dgc_int32`` (int32 indices), ``dgc_fp16`` (fp16 values) and ``dgc_rice``
-(Rice-coded index gaps), with the sparse ones at ``--density``, the preset's
+(Rice-coded index gaps), each at its preset's own density (0.001 for DGC and top-k, 0.02 for SparseLoCo)
+unless ``--density`` sets one for every sparse method, the preset's
 :class:`dgc.GradientSync` and a :class:`dgc.SGD` (lr 0.1, momentum 0.9) run ``--steps`` steps in
 this single process: no process group, world size 1, but the compressors still encode and decode
 their messages and the communicator counts the bytes each would put into the collectives. The
@@ -80,8 +81,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--density",
         type=density_arg,
-        default=0.001,
-        help="density of the sparse compressors, in (0, 1] (default: 0.001)",
+        default=None,
+        help="one density, in (0, 1], for every sparse compressor (default: each preset's own: 0.001 for DGC and "
+        "top-k, 0.02 for SparseLoCo)",
     )
     p.add_argument("--seed", type=int_arg, default=0, help="seed of the model and the gradients (default: 0)")
     p.add_argument("--steps", type=positive_int_arg, default=3, help="steps per compressor; the last is reported")
@@ -124,7 +126,7 @@ def fill_grads(params: list[torch.nn.Parameter], gen: torch.Generator) -> None:
         p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype)
 
 
-def single_process_sync(model: torch.nn.Module, name: str, density: float):  # noqa: ANN201
+def single_process_sync(model: torch.nn.Module, name: str, density: float | None):  # noqa: ANN201
     """Configuration ``name``'s compressor, its :class:`dgc.GradientSync` on ``model`` (world size 1, a
     :class:`dgc.SGD` bound to it for DGC's momentum) and the parameters it exchanges."""
     spec = configuration(name, density)
@@ -134,7 +136,7 @@ def single_process_sync(model: torch.nn.Module, name: str, density: float):  # n
     return comp, sync, [p for _, p in sync.params]
 
 
-def measure(model: torch.nn.Module, name: str, density: float, seed: int = 0, steps: int = 3) -> dict[str, Any]:
+def measure(model: torch.nn.Module, name: str, density: float | None, seed: int = 0, steps: int = 3) -> dict[str, Any]:
     """Run ``steps`` exchanges of configuration ``name``; the last step's numbers."""
     spec = configuration(name, density)
     comp, sync, params = single_process_sync(model, name, density)
@@ -166,7 +168,7 @@ def measure(model: torch.nn.Module, name: str, density: float, seed: int = 0, st
 
 def bench_wire(
     model: str = "resnet50",
-    density: float = 0.001,
+    density: float | None = None,
     seed: int = 0,
     steps: int = 3,
     compressors: list[str] | None = None,

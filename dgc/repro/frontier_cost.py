@@ -13,9 +13,14 @@ run directories:
 
 How an arm is priced (:func:`arm_cost`, :func:`step_s`):
 
-* bytes: ResNet-50's fp32 gradient divided by the arm's wire ratio measured on the frontier's runs (bytes as
-  trained: each arm's own settings, indices and headers included). An arm with local steps (DiLoCo, SparseLoCo:
-  ``local_steps`` H in the run's summary) sends H steps' worth every H steps;
+* bytes of one exchange: ResNet-50's own, measured by ``python -m dgc.bench wire --model resnet50``
+  (``results/bench/wire.json``, beside the runs folder ``results/runs``: each preset's message on ResNet-50's
+  gradient, indices and headers included, at the preset's final density: no warm-up) for the bench
+  configuration that is the arm's compression settings (its preset and its ``compression.*`` / ``sync.*``
+  overrides). An arm the bench has no configuration for, or without the file: ResNet-50's fp32 gradient
+  divided by the wire ratio measured on the frontier's runs (ResNet-20, warm-up included), marked in the
+  table. An arm with local steps (DiLoCo, SparseLoCo: ``local_steps`` H in the run's summary) sends one
+  exchange every H steps;
 * collectives per exchange: :data:`COLLECTIVES`, what the library issues per exchange, in order (a test checks
   their number against :class:`dgc.GradientSync`'s own count): DGC's message lengths, its message and the values
   it sends dense (BatchNorm, biases: ``dense_rest`` of the workload, in an allreduce of their own); the payload is
@@ -36,6 +41,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from dgc.costmodel import hardware
@@ -82,23 +88,47 @@ class ArmCost:
     rest_bytes: float
     #: "ddp" (DDP's overlapped buckets) or "serial" (after the backward pass)
     kind: str
+    #: where ``nbytes`` comes from: the wire bench's configuration of that name on ResNet-50, or "" (the ratio)
+    bench: str = ""
 
 
 def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float, steps: int | None = None,
-             w: Workload = hardware.RESNET50) -> ArmCost:  # fmt: skip
-    """What one arm sends per exchange on workload ``w``, from its measured wire ratio (per step, over ``steps``
-    steps: a run of local steps also exchanges at its end, ``ceil(steps / H)`` exchanges in all)."""
+             w: Workload = hardware.RESNET50, measured: tuple[str, float] | None = None) -> ArmCost:  # fmt: skip
+    """What one arm sends per exchange on workload ``w``: ``measured`` (the wire bench's configuration and its bytes
+    per exchange on ``w``) when given, else from the run's wire ratio (per step, over ``steps`` steps: a run of
+    local steps also exchanges at its end, ``ceil(steps / H)`` exchanges in all)."""
     if compression not in COLLECTIVES:
         raise FrontierCostError(f"no price for compression {compression!r}: valid: {', '.join(COLLECTIVES)}")
-    if not wire_ratio or wire_ratio <= 0:
+    if measured is None and (not wire_ratio or wire_ratio <= 0):
         raise FrontierCostError(f"{method}: no measured wire ratio (the run has no bytes per step)")
     every = max(int(local_steps or 0), 1)
     per_exchange = steps / math.ceil(steps / every) if steps else every
-    nbytes = 4 * w.numel * per_exchange / wire_ratio
+    bench, nbytes = measured if measured else ("", 4 * w.numel * per_exchange / wire_ratio)
     collectives = COLLECTIVES[compression]
     rest = min(4.0 * w.dense_rest, nbytes) if "rest" in collectives else 0.0
     kind = "ddp" if compression in ("none", "bf16") and every == 1 else "serial"
-    return ArmCost(method, compression, every, wire_ratio, nbytes, collectives, rest, kind)
+    return ArmCost(method, compression, every, wire_ratio, nbytes, collectives, rest, kind, bench)
+
+
+def wire_bench(path: Path, w: Workload = hardware.RESNET50) -> dict[str, float]:
+    """Bytes per exchange of each wire-bench configuration on ``w`` (``{}`` without the file, or when it is another
+    model's or was run at one ``--density`` for every preset instead of each preset's own)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    if data.get("numel") != w.numel or data.get("density") is not None:
+        return {}
+    return {name: float(row["sent_bytes"]) for name, row in data.get("compressors", {}).items()}
+
+
+def bench_name(compression: str, overrides: tuple[str, ...]) -> str | None:
+    """The wire bench's configuration that is preset ``compression`` with the ``compression.*`` and ``sync.*`` of
+    ``overrides`` (a run's other overrides do not change its bytes), if there is one."""
+    from dgc.bench.common import configurations
+
+    wanted = (compression, frozenset(o for o in overrides if o.startswith(("compression.", "sync."))))
+    return next((n for n, (base, extra) in configurations().items() if (base, frozenset(extra)) == wanted), None)
 
 
 def exchange_s(arm: ArmCost, p: Profile, workers: int) -> float:
@@ -140,14 +170,17 @@ def frontier(points: list[tuple[float, float]]) -> list[int]:
 
 
 # -- the outputs of a frontier table ------------------------------------------------------------------------------
-def arms_of(methods: list[dict[str, Any]], local_steps: dict[str, int]) -> list[tuple[dict[str, Any], ArmCost]]:
-    """The report's per-method records that ran, each with its price (``local_steps``: H per method label)."""
+def arms_of(methods: list[dict[str, Any]], local_steps: dict[str, int],
+            measured: dict[str, tuple[str, float]] | None = None) -> list[tuple[dict[str, Any], ArmCost]]:  # fmt: skip
+    """The report's per-method records that ran, each with its price (``local_steps``: H per method label;
+    ``measured``: the wire bench's configuration and bytes per exchange on ResNet-50 per method label, if any)."""
     out = []
     for rec in methods:
         if rec["steps"] is None or rec["wire_ratio"] is None:
             continue
         out.append((rec, arm_cost(rec["method"], rec["compression"], local_steps.get(rec["method"], 0),
-                                  rec["wire_ratio"], rec["steps"])))  # fmt: skip
+                                  rec["wire_ratio"], rec["steps"],
+                                  measured=(measured or {}).get(rec["method"]))))  # fmt: skip
     return out
 
 
@@ -187,12 +220,16 @@ def to_markdown(title: str, headline: str, priced: list[tuple[dict[str, Any], Ar
     for (rec, arm), row in zip(priced, proj["arms"], strict=True):
         acc = rec[headline]
         cells = [arm.method, f"{acc:.2f}" if acc is not None else "-", str(arm.every) if arm.every > 1 else "-",
-                 f"{arm.nbytes / 2**20:,.2f} MB", *(_ms(s) for s in row["step_s"])]  # fmt: skip
+                 f"{arm.nbytes / 2**20:,.2f} MB" + ("" if arm.bench else " *"),
+                 *(_ms(s) for s in row["step_s"])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *fastest(headline, priced, proj, links), ""]
     lines += [
-        f"Compute: {proj['compute_s'] * 1e3:.1f} ms per step ({proj['compute_source']}). Each arm's bytes: ResNet-50's "
-        "fp32 gradient over its wire ratio measured on this table's runs; dense fp32 and bf16 as DDP overlaps them "
+        f"Compute: {proj['compute_s'] * 1e3:.1f} ms per step ({proj['compute_source']}). Each arm's bytes: its "
+        "message on ResNet-50's gradient, by `python -m dgc.bench wire --model resnet50` (results/bench/wire.json, "
+        "the configuration with the arm's compression settings, at their final density); * where the bench has no "
+        "such configuration: ResNet-50's fp32 gradient over the arm's wire ratio measured on this table's runs "
+        "(ResNet-20, warm-up included). Dense fp32 and bf16 as DDP overlaps them "
         "with the backward pass, every other arm after the backward pass, as the trainer runs it; an exchange of H "
         "local steps spread over its H steps. The model and what it leaves out: `dgc/repro/frontier_cost.py`.",
         "", f"Made by `{command}`.",
@@ -240,14 +277,22 @@ def plot(title: str, headline: str, label: str, priced: list[tuple[dict[str, Any
     handles, labels = ax.get_legend_handles_labels()
     fig.tight_layout()
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
-    plots._title(fig, title)
-    return plots._png(fig)
+    plots.suptitle(fig, title)
+    return plots.png(fig)
 
 
 def outputs(name: str, title: str, headline: str, label: str, methods: list[dict[str, Any]],
-            local_steps: dict[str, int], command: str) -> dict[str, bytes]:  # fmt: skip
-    """The files a frontier table adds to its report (nothing when no arm has run yet)."""
-    priced = arms_of(methods, local_steps)
+            local_steps: dict[str, int], command: str,
+            overrides: dict[str, tuple[str, ...]] | None = None, wire: dict[str, float] | None = None,
+            ) -> dict[str, bytes]:  # fmt: skip
+    """The files a frontier table adds to its report (nothing when no arm has run yet). ``overrides``: each method's
+    train overrides, to find its wire-bench configuration in ``wire`` (:func:`wire_bench`'s bytes per exchange)."""
+    measured = {}
+    for rec in methods:
+        bench = bench_name(rec["compression"], (overrides or {}).get(rec["method"], ()))
+        if bench is not None and bench in (wire or {}):
+            measured[rec["method"]] = (bench, wire[bench])
+    priced = arms_of(methods, local_steps, measured)
     if not priced:
         return {}
     proj = projection([arm for _, arm in priced])
@@ -258,7 +303,67 @@ def outputs(name: str, title: str, headline: str, label: str, methods: list[dict
     }
 
 
+# -- python -m dgc.repro.frontier_cost: the projection from the wire bench alone (no runs needed) -------------------
+def bench_only(table_name: str, wire_path: Path) -> str:
+    """The projection of table ``table_name``'s arms from ``wire_path`` alone: bytes and step times, no accuracy
+    (what ``python -m dgc.repro.report --table`` adds once the runs are done)."""
+    from dgc.repro import presets
+    from dgc.repro.tables import get_table
+
+    table = get_table(table_name)
+    if not table.frontier:
+        frontiers = ", ".join(sorted(_frontier_table_names()))
+        raise FrontierCostError(f"table {table_name} is not a frontier table; valid: {frontiers}")
+    wire = wire_bench(wire_path)
+    if not wire:
+        raise FrontierCostError(
+            f"{wire_path}: no wire bench of ResNet-50 at each preset's density; make it with "
+            f"python -m dgc.bench wire --model resnet50 --out {wire_path}"
+        )
+    rows = {r.method: r for r in table.rows}
+    recs, priced = [], []
+    for method, row in rows.items():
+        bench = bench_name(row.compression, row.overrides)
+        if bench is None or bench not in wire:
+            raise FrontierCostError(f"{method}: {wire_path} has no configuration with its compression settings "
+                                    f"({row.compression} {' '.join(row.overrides)})")  # fmt: skip
+        every = presets.preset(row.compression, [o for o in row.overrides if o.startswith("local_steps.")])
+        rec = {"method": method, table.metrics[0]: None}
+        recs.append(rec)
+        priced.append((rec, arm_cost(method, row.compression, every.local_steps.every, 0.0,
+                                     measured=(bench, wire[bench]))))  # fmt: skip
+    proj = projection([arm for _, arm in priced])
+    command = f"python -m dgc.repro.frontier_cost --table {table_name} --wire {wire_path}"
+    return to_markdown(table.title, table.metrics[0], priced, proj, command)
+
+
+def _frontier_table_names() -> list[str]:
+    from dgc.repro.tables import TABLES
+
+    return [name for name, t in TABLES.items() if t.frontier]
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m dgc.repro.frontier_cost", description=bench_only.__doc__)
+    p.add_argument("--table", default="cpu-frontier", help="a frontier table (default: %(default)s)")
+    p.add_argument("--wire", type=Path, default=Path("results/bench/wire.json"),
+                   help="the wire bench's JSON on ResNet-50 (default: %(default)s)")  # fmt: skip
+    args = p.parse_args(argv)
+    try:
+        print(bench_only(args.table, args.wire), end="")
+    except (FrontierCostError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
 __all__ = [
     "COLLECTIVES", "KEEPS", "LATENCIES_MS", "LINKS_GBPS", "WORKERS", "ArmCost", "FrontierCostError",
-    "arm_cost", "arms_of", "exchange_s", "fastest", "frontier", "link_profile", "outputs", "projection", "step_s",
+    "arm_cost", "arms_of", "bench_name", "exchange_s", "fastest", "frontier", "link_profile", "outputs",
+    "projection", "step_s", "wire_bench",
 ]  # fmt: skip
+
+if __name__ == "__main__":
+    main()

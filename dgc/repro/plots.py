@@ -35,7 +35,7 @@ def _panels(count: int):  # noqa: ANN202 - matplotlib figure and axes
     return plt.subplots(1, count, figsize=(5.5 * count, 4.8), squeeze=False)
 
 
-def _png(fig) -> bytes:
+def png(fig) -> bytes:
     """The figure as PNG bytes; the figure is closed."""
     import matplotlib.pyplot as plt
 
@@ -47,7 +47,7 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _title(fig: Any, title: str) -> None:
+def suptitle(fig: Any, title: str) -> None:
     """The table's title over the panels, wrapped to the figure's width (a long title would be cut off)."""
     width = max(40, int(fig.get_figwidth() * 11))
     fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=10)
@@ -152,8 +152,8 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
             _legend(ax)
     other_data = not _paper_on_axes(table) and _has_paper(table)
     caveat = " (the paper's numbers: in the table, other data)" if other_data else ""
-    _title(fig, table.title + caveat)
-    return _png(fig)
+    suptitle(fig, table.title + caveat)
+    return png(fig)
 
 
 def paper_ratio_of(row: Row) -> float | None:
@@ -190,5 +190,5 @@ def plot_ratio(table: Table, runs: list[Run]) -> bytes:
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
             _legend(ax)
-    _title(fig, table.title)
-    return _png(fig)
+    suptitle(fig, table.title)
+    return png(fig)

@@ -454,8 +454,9 @@ def _signed(value: float | None) -> str:
 
 
 # -- entry point ---------------------------------------------------------------------------------------
-def build(table: Table, runs: list[Run], command: str) -> dict[str, bytes]:
-    """Every output file's bytes, made in memory first (so a failure leaves nothing half-written)."""
+def build(table: Table, runs: list[Run], command: str, wire: Path | None = None) -> dict[str, bytes]:
+    """Every output file's bytes, made in memory first (so a failure leaves nothing half-written). ``wire``: the
+    wire bench's JSON a frontier table prices ResNet-50's bytes from (``bench/wire.json`` beside the runs folder)."""
     records = rows_of(table, runs)
     files = {
         f"{table.name}.md": to_markdown(table, records, command).encode(),
@@ -466,8 +467,11 @@ def build(table: Table, runs: list[Run], command: str) -> dict[str, bytes]:
     if table.frontier:
         headline = table.metrics[0]
         local_steps = {r.row.method: int(r.summary.get("local_steps") or 0) for r in runs}
+        overrides = {r.method: r.overrides for r in table.rows}
+        measured = frontier_cost.wire_bench(wire) if wire is not None else {}
         files.update(frontier_cost.outputs(table.name, table.title, headline, METRICS.get(headline, (headline,))[0],
-                                           methods_of(table, records), local_steps, command))  # fmt: skip
+                                           methods_of(table, records), local_steps, command, overrides,
+                                           measured))  # fmt: skip
     return files
 
 
@@ -539,7 +543,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"left out {len(unfinished)} run director{'y' if len(unfinished) == 1 else 'ies'} without a "
                     f"summary.json (unfinished or failed): {', '.join(map(str, unfinished))}"
                 )
-        files = build(table, runs, command)
+        wire = Path(args.runs_root).parent / "bench" / "wire.json" if args.table else None
+        files = build(table, runs, command, wire)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
