@@ -3,34 +3,18 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dgc
 from tests.multiproc import run
-from tests.test_sync_dist import batch, make_model, params
+from tests.test_sync_dist import make_model, params, train_loop
 
 
-def _train(rank: int, world: int, use_ddp: bool, name: str, kwargs: dict, steps: int) -> tuple[list, list]:
+def _train(rank: int, world: int, use_ddp: bool, name: str, kwargs: dict, steps: int) -> tuple[list, list, int]:
     model = make_model()
     sync = dgc.GradientSync(model, dgc.build_compressor(name, **kwargs), clip_norm=2.0)
     opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9, weight_decay=1e-4)
-    net = model
-    if use_ddp:
-        # tiny buckets: several per step, so the hook's wait-for-the-last-bucket path is exercised
-        net = DDP(model, bucket_cap_mb=0.0005)
-        net.register_comm_hook(sync, dgc.ddp_comm_hook)
-    losses = []
-    for step in range(steps):
-        sync.set_epoch(step / 4)
-        x, y = batch(rank, step % 4)
-        opt.zero_grad()
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        if not use_ddp:
-            sync.step()
-        opt.step()
-        losses.append(loss.item())
+    # tiny buckets: several per step, so the hook's wait-for-the-last-bucket path is exercised
+    losses, _ = train_loop(rank, model, sync, opt, steps, 0.0005 if use_ddp else None)
     return params(model), losses, sync.steps
 
 
@@ -57,21 +41,7 @@ def _adamw(rank: int, world: int, use_ddp: bool, name: str, kwargs: dict, steps:
     model = make_model()
     sync = dgc.GradientSync(model, dgc.build_compressor(name, **kwargs), clip_norm=2.0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=1e-2)
-    net = model
-    if use_ddp:
-        net = DDP(model, bucket_cap_mb=0.0005)
-        net.register_comm_hook(sync, dgc.ddp_comm_hook)
-    losses = []
-    for step in range(steps):
-        sync.set_epoch(step / 4)
-        x, y = batch(rank, step % 4)
-        opt.zero_grad()
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        stats = sync.last if use_ddp else sync.step()
-        if not stats.skipped:
-            opt.step()
-        losses.append(loss.item())
+    losses, _ = train_loop(rank, model, sync, opt, steps, 0.0005 if use_ddp else None)
     return params(model), losses, sync.steps
 
 

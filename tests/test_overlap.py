@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import dgc
 from tests.multiproc import run
-from tests.test_sync_dist import batch, make_model, params
+from tests.test_sync_dist import batch, make_model, params, train_loop
 
 # tiny buckets: one or two tensors each, so every step is several buckets
 BUCKET_MB = 0.0005
@@ -24,22 +24,8 @@ def _train(rank: int, overlap: bool, name: str, kwargs: dict, steps: int, clip: 
     sync = dgc.GradientSync(model, dgc.build_compressor(name, **kwargs), clip_norm=clip, overlap=overlap,
                             clip_scope=scope)  # fmt: skip
     opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9, weight_decay=1e-4)
-    net = DDP(model, bucket_cap_mb=BUCKET_MB) if ddp else model
-    if ddp:
-        net.register_comm_hook(sync, dgc.ddp_comm_hook)
-    losses, buckets = [], 0
-    for step in range(steps):
-        sync.set_epoch(step / 4)
-        x, y = batch(rank, step % 4)
-        opt.zero_grad()
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        if not ddp:
-            sync.step()
-        opt.step()
-        losses.append(loss.item())
-        buckets = max(buckets, sync.last.collectives)
-    return params(model), losses, sync.steps, buckets
+    losses, stats = train_loop(rank, model, sync, opt, steps, BUCKET_MB if ddp else None)
+    return params(model), losses, sync.steps, max(s.collectives for s in stats)
 
 
 def _equal_runs(rank: int, world: int) -> dict:

@@ -51,6 +51,31 @@ def params(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def train_loop(rank: int, model: torch.nn.Module, sync: dgc.GradientSync, opt: torch.optim.Optimizer, steps: int,
+               ddp_buckets_mb: float | None = None) -> tuple[list[float], list[dgc.StepStats]]:  # fmt: skip
+    """``steps`` steps of :func:`batch` on ``model``: through DDP with the DGC comm hook (buckets of
+    ``ddp_buckets_mb``) or, when None, the library path (``sync.step()`` after the backward pass); the optimizer
+    steps unless the exchange skipped the step. Each step's loss and the exchange's stats."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    net = model
+    if ddp_buckets_mb is not None:
+        net = DDP(model, bucket_cap_mb=ddp_buckets_mb)
+        net.register_comm_hook(sync, dgc.ddp_comm_hook)
+    losses, stats = [], []
+    for step in range(steps):
+        sync.set_epoch(step / 4)
+        x, y = batch(rank, step % 4)
+        opt.zero_grad()
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        stats.append(sync.last if ddp_buckets_mb is not None else sync.step())
+        if not stats[-1].skipped:
+            opt.step()
+        losses.append(loss.item())
+    return losses, stats
+
+
 # -- density 1.0: DGC equals momentum SGD (masking off) or plain SGD (masking on) ----------
 
 
