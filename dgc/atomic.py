@@ -64,9 +64,14 @@ def write_json(path: str | os.PathLike[str], obj: Any, **dumps: Any) -> Path:
 
 
 def save_figure(path: str | os.PathLike[str], fig: Any, **savefig: Any) -> Path:
-    """A matplotlib figure as an image (format from the suffix)."""
+    """A matplotlib figure as an image (format from the suffix); the figure is closed, saved or not."""
+    import matplotlib.pyplot as plt
+
     fmt = Path(path).suffix.lstrip(".") or "png"
-    return write_with(path, lambda tmp: fig.savefig(tmp, format=fmt, **savefig))
+    try:
+        return write_with(path, lambda tmp: fig.savefig(tmp, format=fmt, **savefig))
+    finally:
+        plt.close(fig)
 
 
 @contextmanager

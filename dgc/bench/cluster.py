@@ -574,8 +574,5 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     ax.set_yticks(list(y), methods)
     ax.invert_yaxis()
     fig.tight_layout()
-    try:
-        atomic.save_figure(path, fig, dpi=110)
-    finally:
-        plt.close(fig)
+    atomic.save_figure(path, fig, dpi=110)
     return path

@@ -197,8 +197,5 @@ def plot_exposed(result: dict[str, Any], path: Any) -> Any:
         ax.set_xlabel(f"exposed communication per step (s); compute-only step {local:.2f} s", fontsize=8)
     fig.suptitle(f"fmnist_wide, {runs[0]['nodes']} nodes, batch {runs[0]['batch_size_per_rank']}/rank", fontsize=10)
     fig.tight_layout()
-    try:
-        atomic.save_figure(path, fig, dpi=110)
-    finally:
-        plt.close(fig)
+    atomic.save_figure(path, fig, dpi=110)
     return path
