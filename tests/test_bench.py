@@ -26,6 +26,18 @@ def bench(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
+def bench_here(capsys, *args: str) -> tuple[int, str, str]:
+    """``python -m dgc.bench ARGS`` in this process: its exit status, stdout and stderr."""
+    from dgc.bench import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def ok(proc: subprocess.CompletedProcess[str], out: Path) -> dict:
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # stdout is exactly one JSON object
@@ -99,13 +111,15 @@ def test_wire_all_compressors_small_model(tmp_path: Path) -> None:
         (["cluster", "--e2e", "--ddp", "--methods", "ddp,zip"], "ddp_powersgd4,dgc,dgc_overlap"),
     ],
 )
-def test_bad_arguments(tmp_path: Path, args: list[str], expect: str) -> None:
+def test_bad_arguments(tmp_path: Path, capsys, args: list[str], expect: str) -> None:
+    """In this process (the exit status and the one line of a real process: test_out_is_a_folder,
+    test_cuda_unavailable_is_one_line)."""
     out = tmp_path / "x.json"
-    proc = bench(*args, "--out", str(out))
-    assert proc.returncode != 0
-    assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "error" in lines[0] and expect in lines[0], proc.stderr
+    code, stdout, stderr = bench_here(capsys, *args, "--out", str(out))
+    assert code != 0
+    assert stdout == ""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0] and expect in lines[0], stderr
     assert not out.exists()
 
 
@@ -122,24 +136,23 @@ def test_cuda_unavailable_is_one_line(tmp_path: Path) -> None:
     assert not out.exists()
 
 
-def test_wire_keeps_each_presets_density_unless_told(tmp_path: Path) -> None:
+def test_wire_keeps_each_presets_density_unless_told() -> None:
     """Without --density every preset runs at its own (SparseLoCo 2%, DGC 0.1%); with it, every sparse one at it."""
-    out = tmp_path / "wire.json"
-    r = ok(bench("wire", "--model", "squeezenet1_1", "--compressors", "dgc,sparseloco", "--steps", "1", "--out",
-                 str(out)), out)  # fmt: skip
+    from dgc.bench.wire import bench_wire
+
+    r = bench_wire("squeezenet1_1", None, steps=1, compressors=["dgc", "sparseloco"])
     assert r["density"] is None
     dgc, sparseloco = r["compressors"]["dgc"], r["compressors"]["sparseloco"]
     assert sparseloco["density"] == pytest.approx(0.02, rel=0.1)
     assert dgc["density"] == pytest.approx(0.001, rel=0.5)
-    r = ok(bench("wire", "--model", "squeezenet1_1", "--compressors", "sparseloco", "--density", "0.001", "--steps",
-                 "1", "--out", str(out)), out)  # fmt: skip
+    r = bench_wire("squeezenet1_1", 0.001, steps=1, compressors=["sparseloco"])
     assert r["density"] == 0.001 and r["compressors"]["sparseloco"]["density"] == pytest.approx(0.001, rel=0.5)
 
 
-def test_help() -> None:
+def test_help(capsys) -> None:
     for args in ([], ["select"], ["wire"]):
-        proc = bench(*args, "--help")
-        assert proc.returncode == 0 and "usage:" in proc.stdout
+        code, stdout, _ = bench_here(capsys, *args, "--help")
+        assert code == 0 and "usage:" in stdout
 
 
 def test_wire_resnet50_claim(tmp_path: Path) -> None:
