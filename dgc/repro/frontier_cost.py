@@ -131,6 +131,13 @@ def bench_name(compression: str, overrides: tuple[str, ...]) -> str | None:
     return next((n for n, (base, extra) in configurations().items() if (base, frozenset(extra)) == wanted), None)
 
 
+def bench_bytes(compression: str, overrides: tuple[str, ...], wire: dict[str, float]) -> tuple[str, float] | None:
+    """The wire bench's configuration for these settings (:func:`bench_name`) and its bytes per exchange in ``wire``
+    (:func:`wire_bench`), or None where the bench has no such configuration."""
+    name = bench_name(compression, overrides)
+    return (name, wire[name]) if name is not None and name in wire else None
+
+
 def exchange_s(arm: ArmCost, p: Profile, workers: int) -> float:
     """One exchange of ``arm`` (not DDP's) over ``workers`` workers of profile ``p``: each of its collectives."""
     carriers = sum(c in ("allreduce", "allgather") for c in arm.collectives)
@@ -287,12 +294,9 @@ def outputs(name: str, title: str, headline: str, label: str, methods: list[dict
             ) -> dict[str, bytes]:  # fmt: skip
     """The files a frontier table adds to its report (nothing when no arm has run yet). ``overrides``: each method's
     train overrides, to find its wire-bench configuration in ``wire`` (:func:`wire_bench`'s bytes per exchange)."""
-    measured = {}
-    for rec in methods:
-        bench = bench_name(rec["compression"], (overrides or {}).get(rec["method"], ()))
-        if bench is not None and bench in (wire or {}):
-            measured[rec["method"]] = (bench, wire[bench])
-    priced = arms_of(methods, local_steps, measured)
+    measured = {rec["method"]: bench_bytes(rec["compression"], (overrides or {}).get(rec["method"], ()), wire or {})
+                for rec in methods}  # fmt: skip
+    priced = arms_of(methods, local_steps, {m: b for m, b in measured.items() if b is not None})
     if not priced:
         return {}
     proj = projection([arm for _, arm in priced])
@@ -320,18 +324,15 @@ def bench_only(table_name: str, wire_path: Path) -> str:
             f"{wire_path}: no wire bench of ResNet-50 at each preset's density; make it with "
             f"python -m dgc.bench wire --model resnet50 --out {wire_path}"
         )
-    rows = {r.method: r for r in table.rows}
-    recs, priced = [], []
-    for method, row in rows.items():
-        bench = bench_name(row.compression, row.overrides)
-        if bench is None or bench not in wire:
-            raise FrontierCostError(f"{method}: {wire_path} has no configuration with its compression settings "
+    priced = []
+    for row in {r.method: r for r in table.rows}.values():  # one row per method (the seeds differ only)
+        measured = bench_bytes(row.compression, row.overrides, wire)
+        if measured is None:
+            raise FrontierCostError(f"{row.method}: {wire_path} has no configuration with its compression settings "
                                     f"({row.compression} {' '.join(row.overrides)})")  # fmt: skip
         every = presets.preset(row.compression, [o for o in row.overrides if o.startswith("local_steps.")])
-        rec = {"method": method, table.metrics[0]: None}
-        recs.append(rec)
-        priced.append((rec, arm_cost(method, row.compression, every.local_steps.every, 0.0,
-                                     measured=(bench, wire[bench]))))  # fmt: skip
+        arm = arm_cost(row.method, row.compression, every.local_steps.every, 0.0, measured=measured)
+        priced.append(({"method": row.method, table.metrics[0]: None}, arm))
     proj = projection([arm for _, arm in priced])
     command = f"python -m dgc.repro.frontier_cost --table {table_name} --wire {wire_path}"
     return to_markdown(table.title, table.metrics[0], priced, proj, command)
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
 
 __all__ = [
     "COLLECTIVES", "KEEPS", "LATENCIES_MS", "LINKS_GBPS", "WORKERS", "ArmCost", "FrontierCostError",
-    "arm_cost", "arms_of", "bench_name", "exchange_s", "fastest", "frontier", "link_profile", "outputs",
+    "arm_cost", "arms_of", "bench_bytes", "bench_name", "exchange_s", "fastest", "frontier", "link_profile", "outputs",
     "projection", "step_s", "wire_bench",
 ]  # fmt: skip
 
