@@ -391,3 +391,26 @@ def test_paired_differences_have_a_standard_error_and_a_t_interval(tmp_path, cap
     line = next(x for x in text.splitlines() if "0: +4.00, 1: +1.00, 2: +0.00, 3: +3.00, 4: +2.00" in x)
     assert "| +2.00 | 0.71 | [+0.04, +3.96] |" in line
     assert report.paired([1.0]) == (None, None)
+
+
+def test_a_frontier_table_sets_dgc_against_the_diloco_arm_nearest_its_bytes(tmp_path, capsys):
+    """The DiLoCo arm compared is chosen by measured bytes (H = 256 here, not H = 16); Δ per seed by hand."""
+    table = get_table("cpu-frontier")
+    top1 = {"none": (91.0, 91.5), "dgc": (91.0, 90.5), "diloco-h16": (90.0, 90.0), "diloco-h256": (76.0, 77.0)}
+    sent = {"none": None, "dgc": 4000.0, "diloco-h16": 68000.0, "diloco-h256": 4400.0}
+    for row in table.rows:
+        arm = row.key.rsplit("-s", 1)[0]
+        if arm in top1:
+            value = top1[arm][row.seed]
+            fake_run(tmp_path / "runs" / "cpu-frontier" / row.key, row.task, row.compression,
+                     {"top1": value, "val_top1": value}, sent=sent[arm])  # fmt: skip
+    code, _, _ = run_report(
+        ["--table", "cpu-frontier", "--partial", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path)], capsys
+    )
+    assert code == 0
+    line = next(x for x in (tmp_path / "cpu-frontier.md").read_text().splitlines() if x.startswith("At matched bytes"))
+    assert "DiLoCo, H = 256" in line and "H = 16," not in line
+    assert "(1.10x DGC's" in line
+    # deltas +15.0, +13.5: mean +14.25, sd 1.061, se 0.75, t(0.975, 1) = 12.706 -> half-width 9.53
+    assert "seed 0: +15.00, seed 1: +13.50; mean +14.25; standard error 0.75, 95% interval [+4.72, +23.78]." in line
+    assert report.matched_bytes(table, []) == []

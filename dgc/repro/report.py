@@ -28,6 +28,7 @@ import csv
 import glob
 import io
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -355,6 +356,32 @@ def _paired_lines(table: Table, methods: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def matched_bytes(table: Table, records: list[dict[str, Any]]) -> list[str]:
+    """A frontier table's DGC against the DiLoCo arm whose measured bytes per step are nearest DGC's (the two byte
+    counts and their ratio are named): the headline metric's difference seed by seed, over the seeds both ran."""
+    m = table.metrics[0]
+    methods = methods_of(table, records)
+    dgc = next((r for r in methods if r["compression"] == "dgc" and r["sent_mb"]), None)
+    diloco = [r for r in methods if r["compression"] == "diloco" and r["sent_mb"]]
+    if dgc is None or not diloco:
+        return []
+    near = min(diloco, key=lambda r: abs(math.log(r["sent_mb"] / dgc["sent_mb"])))
+    by_seed = {(r["method"], r["seed"]): r[m] for r in records if r[m] is not None}
+    seeds = sorted({s for (method, s) in by_seed if method == dgc["method"]} & {s for (method, s) in by_seed
+                                                                             if method == near["method"]})  # fmt: skip
+    if not seeds:
+        return []
+    deltas = [by_seed[(dgc["method"], s)] - by_seed[(near["method"], s)] for s in seeds]
+    label = METRICS.get(m, (m, True))[0]
+    per_seed = ", ".join(f"seed {s}: {d:+.2f}" for s, d in zip(seeds, deltas, strict=True))
+    mean = sum(deltas) / len(deltas)
+    se, ci = paired(deltas)
+    spread = f"; standard error {se:.2f}, 95% interval [{ci[0]:+.2f}, {ci[1]:+.2f}]" if se is not None else ""
+    return ["", f"At matched bytes: {dgc['method']} sends {_fmt_mb(dgc['sent_mb'])} MB/step, {near['method']} "
+            f"{_fmt_mb(near['sent_mb'])} MB/step ({near['sent_mb'] / dgc['sent_mb']:.2f}x DGC's, the DiLoCo arm "
+            f"nearest it). Difference in {label}, DGC minus DiLoCo: {per_seed}; mean {mean:+.2f}{spread}."]  # fmt: skip
+
+
 def to_csv(records: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(records[0]), lineterminator="\n")
@@ -425,6 +452,8 @@ def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> st
         notes.append("not run: its run directory had no summary.json (missing or unfinished) when this was made.")
     if seeded:
         notes += _paired_lines(table, methods)
+        if table.frontier:
+            notes += matched_bytes(table, records)
         notes += ["", "Each run:", "", "| method | seed | steps | " + " | ".join(table.metrics) + " | ratio | run |",
                   "|" + "---|" * (len(table.metrics) + 5)]  # fmt: skip
         for rec in records:
