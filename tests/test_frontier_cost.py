@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from dgc.bench.common import configurations
 from dgc.bench.wire import measure
 from dgc.costmodel import hardware
 from dgc.repro import frontier_cost as fc
@@ -18,11 +19,21 @@ W = hardware.RESNET50
 DENSE = 4 * W.numel
 
 
-@pytest.mark.parametrize("name", sorted(fc.COLLECTIVES))
+@pytest.mark.parametrize("name", [*sorted(fc.COLLECTIVES), *fc.WHAT_IF])
 def test_collectives_per_exchange_are_what_the_library_issues(name):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.ReLU(), torch.nn.Linear(200, 10))
-    assert measure(model, name, density=0.001, steps=2)["collectives"] == len(fc.COLLECTIVES[name])
+    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.BatchNorm1d(200), torch.nn.Linear(200, 10))
+    compression, overrides = configurations()[name]
+    assert measure(model, name, density=0.001, steps=2)["collectives"] == len(fc.collectives_of(compression, overrides))
+
+
+def test_every_tensor_in_the_chunk_message_is_one_allgather_and_nothing_dense():
+    arm = fc.arm_cost("one", "dgc_chunk", 0, 0.0, measured=("dgc_chunk_one", 300_000.0),
+                      overrides=configurations()["dgc_chunk_one"][1])  # fmt: skip
+    assert (arm.collectives, arm.rest_bytes) == (("allgather",), 0.0)
+    p, n = fc.link_profile(1.0, 30.0), 4
+    assert fc.exchange_s(arm, p, n) == pytest.approx(hardware.allgather_s(p, 300_000.0, n))
+    assert fc.collectives_of("dgc_chunk") == ("allgather", "rest")
 
 
 def test_an_allgather_arm_by_hand():
@@ -169,6 +180,12 @@ def test_the_projection_from_the_wire_bench_alone(tmp_path, capsys):
     assert h16.split(" | ")[2] == "16"  # H from the row's local_steps.every
     sparseloco = next(line for line in lines if line.startswith("| SparseLoCo"))
     assert sparseloco.split(" | ")[2] == "16"  # H from the preset's default
+    # a setting the table does not run is priced beside its arms when the bench has it, with no accuracy
+    rows["dgc_chunk_one"] = {"sent_bytes": 2000.0}
+    wire.write_text(json.dumps({"numel": W.numel, "density": None, "compressors": rows}))
+    fc.main(["--wire", str(wire)])
+    one = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {fc.WHAT_IF['dgc_chunk_one']}")]
+    assert len(one) == 1 and one[0].split(" | ")[1] == "-"
     # no usable bench, a table that is not a frontier: one line, exit 1
     cases = (
         (["--wire", str(tmp_path / "none.json")], "no wire bench of ResNet-50"),

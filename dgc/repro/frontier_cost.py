@@ -62,6 +62,12 @@ COLLECTIVES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
+#: wire-bench configurations the frontier table does not run, priced by the bench-only projection beside its arms
+#: (no accuracy): what DGC's step would be in one collective, every tensor (biases, BatchNorm too) in its chunk
+#: selection's fixed-size message: no lengths message, no allreduce of the values left dense
+WHAT_IF: dict[str, str] = {"dgc_chunk_one": "DGC, chunk selection, every tensor in one message (not run)"}
+
+
 class FrontierCostError(ValueError):
     """An arm the projection cannot price (one line, naming what is valid)."""
 
@@ -92,19 +98,31 @@ class ArmCost:
     bench: str = ""
 
 
-def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float, steps: int | None = None,
-             w: Workload = hardware.RESNET50, measured: tuple[str, float] | None = None) -> ArmCost:  # fmt: skip
-    """What one arm sends per exchange on workload ``w``: ``measured`` (the wire bench's configuration and its bytes
-    per exchange on ``w``) when given, else from the run's wire ratio (per step, over ``steps`` steps: a run of
-    local steps also exchanges at its end, ``ceil(steps / H)`` exchanges in all)."""
+def collectives_of(compression: str, overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The collectives of one exchange of preset ``compression`` with ``overrides``: :data:`COLLECTIVES`, less the
+    allreduce of the values left dense where the policy compresses every tensor (``sync.policy.min_ndim=0``)."""
+    from dgc.repro import presets
+
     if compression not in COLLECTIVES:
         raise FrontierCostError(f"no price for compression {compression!r}: valid: {', '.join(COLLECTIVES)}")
+    policy = presets.preset(compression, [o for o in overrides if o.startswith("sync.policy.")]).sync.policy
+    every_tensor = policy.min_ndim == 0 and policy.min_numel <= 1
+    return tuple(c for c in COLLECTIVES[compression] if not (every_tensor and c == "rest"))
+
+
+def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float, steps: int | None = None,
+             w: Workload = hardware.RESNET50, measured: tuple[str, float] | None = None,
+             overrides: tuple[str, ...] = ()) -> ArmCost:  # fmt: skip
+    """What one arm sends per exchange on workload ``w``: ``measured`` (the wire bench's configuration and its bytes
+    per exchange on ``w``) when given, else from the run's wire ratio (per step, over ``steps`` steps: a run of
+    local steps also exchanges at its end, ``ceil(steps / H)`` exchanges in all). ``overrides``: the arm's
+    settings beyond its preset (:func:`collectives_of`)."""
+    collectives = collectives_of(compression, overrides)
     if measured is None and (not wire_ratio or wire_ratio <= 0):
         raise FrontierCostError(f"{method}: no measured wire ratio (the run has no bytes per step)")
     every = max(int(local_steps or 0), 1)
     per_exchange = steps / math.ceil(steps / every) if steps else every
     bench, nbytes = measured if measured else ("", 4 * w.numel * per_exchange / wire_ratio)
-    collectives = COLLECTIVES[compression]
     rest = min(4.0 * w.dense_rest, nbytes) if "rest" in collectives else 0.0
     kind = "ddp" if compression in ("none", "bf16") and every == 1 else "serial"
     return ArmCost(method, compression, every, wire_ratio, nbytes, collectives, rest, kind, bench)
@@ -178,16 +196,19 @@ def frontier(points: list[tuple[float, float]]) -> list[int]:
 
 # -- the outputs of a frontier table ------------------------------------------------------------------------------
 def arms_of(methods: list[dict[str, Any]], local_steps: dict[str, int],
-            measured: dict[str, tuple[str, float]] | None = None) -> list[tuple[dict[str, Any], ArmCost]]:  # fmt: skip
+            measured: dict[str, tuple[str, float]] | None = None,
+            overrides: dict[str, tuple[str, ...]] | None = None) -> list[tuple[dict[str, Any], ArmCost]]:  # fmt: skip
     """The report's per-method records that ran, each with its price (``local_steps``: H per method label;
-    ``measured``: the wire bench's configuration and bytes per exchange on ResNet-50 per method label, if any)."""
+    ``measured``: the wire bench's configuration and bytes per exchange on ResNet-50 per method label, if any;
+    ``overrides``: each method's train overrides)."""
     out = []
     for rec in methods:
         if rec["steps"] is None or rec["wire_ratio"] is None:
             continue
         out.append((rec, arm_cost(rec["method"], rec["compression"], local_steps.get(rec["method"], 0),
                                   rec["wire_ratio"], rec["steps"],
-                                  measured=(measured or {}).get(rec["method"]))))  # fmt: skip
+                                  measured=(measured or {}).get(rec["method"]),
+                                  overrides=(overrides or {}).get(rec["method"], ()))))  # fmt: skip
     return out
 
 
@@ -296,7 +317,7 @@ def outputs(name: str, title: str, headline: str, label: str, methods: list[dict
     train overrides, to find its wire-bench configuration in ``wire`` (:func:`wire_bench`'s bytes per exchange)."""
     measured = {rec["method"]: bench_bytes(rec["compression"], (overrides or {}).get(rec["method"], ()), wire or {})
                 for rec in methods}  # fmt: skip
-    priced = arms_of(methods, local_steps, {m: b for m, b in measured.items() if b is not None})
+    priced = arms_of(methods, local_steps, {m: b for m, b in measured.items() if b is not None}, overrides)
     if not priced:
         return {}
     proj = projection([arm for _, arm in priced])
@@ -311,6 +332,7 @@ def outputs(name: str, title: str, headline: str, label: str, methods: list[dict
 def bench_only(table_name: str, wire_path: Path) -> str:
     """The projection of table ``table_name``'s arms from ``wire_path`` alone: bytes and step times, no accuracy
     (what ``python -m dgc.repro.report --table`` adds once the runs are done)."""
+    from dgc.bench.common import configurations
     from dgc.repro import presets
     from dgc.repro.tables import get_table
 
@@ -331,8 +353,14 @@ def bench_only(table_name: str, wire_path: Path) -> str:
             raise FrontierCostError(f"{row.method}: {wire_path} has no configuration with its compression settings "
                                     f"({row.compression} {' '.join(row.overrides)})")  # fmt: skip
         every = presets.preset(row.compression, [o for o in row.overrides if o.startswith("local_steps.")])
-        arm = arm_cost(row.method, row.compression, every.local_steps.every, 0.0, measured=measured)
+        arm = arm_cost(row.method, row.compression, every.local_steps.every, 0.0, measured=measured,
+                       overrides=row.overrides)  # fmt: skip
         priced.append(({"method": row.method, table.metrics[0]: None}, arm))
+    for name, method in WHAT_IF.items():  # the settings the table does not run, where the bench has them
+        if name in wire:
+            compression, overrides = configurations()[name]
+            arm = arm_cost(method, compression, 0, 0.0, measured=(name, wire[name]), overrides=overrides)
+            priced.append(({"method": method, table.metrics[0]: None}, arm))
     proj = projection([arm for _, arm in priced])
     command = f"python -m dgc.repro.frontier_cost --table {table_name} --wire {wire_path}"
     return to_markdown(table.title, table.metrics[0], priced, proj, command)
@@ -362,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
 
 __all__ = [
     "COLLECTIVES", "KEEPS", "LATENCIES_MS", "LINKS_GBPS", "WORKERS", "ArmCost", "FrontierCostError",
-    "arm_cost", "arms_of", "bench_bytes", "bench_name", "exchange_s", "fastest", "frontier", "link_profile", "outputs",
+    "WHAT_IF", "arm_cost", "arms_of", "bench_bytes", "bench_name", "collectives_of", "exchange_s", "fastest", "frontier", "link_profile", "outputs",
     "projection", "step_s", "wire_bench",
 ]  # fmt: skip
 
