@@ -390,7 +390,8 @@ def main(argv: list[str] | None = None) -> None:
 
 __all__ = [
     "COLLECTIVES", "KEEPS", "LATENCIES_MS", "LINKS_GBPS", "WORKERS", "ArmCost", "FrontierCostError",
-    "WHAT_IF", "arm_cost", "arms_of", "bench_bytes", "bench_name", "collectives_of", "exchange_s", "fastest", "frontier", "link_profile", "outputs",
+    "WHAT_IF", "arm_cost", "arms_of", "bench_bytes", "bench_name", "collectives_of",
+    "exchange_s", "fastest", "frontier", "link_profile", "outputs",
     "projection", "step_s", "wire_bench",
 ]  # fmt: skip
 
