@@ -28,7 +28,7 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # the frontier's chunk-selection arm (cpu-frontier): fp16 values, as its DGC arm (dgc_fp16)
     "dgc_chunk_fp16": ("dgc_chunk", ("compression.wire_values=fp16",)),
     # and every tensor through it (biases, BatchNorm too): one fixed-size allgather per step, nothing else
-    "dgc_chunk_one": ("dgc_chunk", ("compression.wire_values=fp16", "sync.policy.min_ndim=0")),
+    "dgc_chunk_one": ("dgc_chunk", ("compression.wire_values=fp16", "sync.policy.min_ndim=1")),
     # the scale-out exchanges (dgc.exchanges); hierarchical takes the ranks per machine from the launcher
     "dgc_hierarchical": ("dgc", ("sync.exchange=hierarchical",)),
     "dgc_sparse_allreduce": ("dgc", ("sync.exchange=sparse_allreduce",)),

@@ -100,13 +100,14 @@ class ArmCost:
 
 def collectives_of(compression: str, overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The collectives of one exchange of preset ``compression`` with ``overrides``: :data:`COLLECTIVES`, less the
-    allreduce of the values left dense where the policy compresses every tensor (``sync.policy.min_ndim=0``)."""
+    allreduce of the values left dense where the policy compresses every tensor of a model without 0-d parameters
+    (``sync.policy.min_ndim=1`` or 0: biases and BatchNorm too, as ResNet-50's)."""
     from dgc.repro import presets
 
     if compression not in COLLECTIVES:
         raise FrontierCostError(f"no price for compression {compression!r}: valid: {', '.join(COLLECTIVES)}")
     policy = presets.preset(compression, [o for o in overrides if o.startswith("sync.policy.")]).sync.policy
-    every_tensor = policy.min_ndim == 0 and policy.min_numel <= 1
+    every_tensor = policy.min_ndim <= 1 and policy.min_numel <= 1
     return tuple(c for c in COLLECTIVES[compression] if not (every_tensor and c == "rest"))
 
 
