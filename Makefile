@@ -166,10 +166,10 @@ cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as i
 cpu-exchange: install ## the exchanges (flat, hierarchical 2x2, sparse allreduce) on make demo's setup, 2 seeds (~45 min)
 	$(CPU_SWEEP) $@
 
-cpu-frontier-grid: install ## the frontier's learning-rate grid: 10 arms (dense, bf16, PowerSGD, DGC, DGC chunk, DiLoCo H 16/64/256, DeMo, SparseLoCo) x 3 rates on a validation split, seed 0, one more doubling for the 7 arms best at an end (37 runs, ~4 h; resumable)
+cpu-frontier-grid: install ## the frontier's learning-rate grid: 10 arms (dense, bf16, PowerSGD, DGC, DGC chunk, DiLoCo H 16/64/256, DeMo, SparseLoCo) x 3 rates on a validation split, seed 0, one more doubling for the 7 arms best at an end (37 runs, 6.5 h measured here, niced beside other work; resumable)
 	$(CPU_SWEEP) $@
 
-cpu-frontier: install ## DGC against DiLoCo, DeMo and SparseLoCo: the 10 arms at the rates chosen on cpu-frontier-grid, seeds 0-1, test read once (20 runs, ~2.5 h; resumable)
+cpu-frontier: install ## DGC against DiLoCo, DeMo and SparseLoCo: the 10 arms at the rates chosen on cpu-frontier-grid, seeds 0-1, test read once (20 runs, 3.9 h measured here, niced beside other work; resumable)
 	$(CPU_SWEEP) $@
 
 .PHONY: report
