@@ -5,6 +5,7 @@
 #   tools/background-sweep.sh status                           # what runs, the log's tail
 #   tools/background-sweep.sh stop                             # checkpoint, stop, remove the worktree
 #   tools/background-sweep.sh keep                             # commit what a later session needs to resume
+#                                                              # (while it runs too: a snapshot, as after a kill)
 #
 # The sweep runs from a git worktree pinned to one commit (runs/bg/commit, kept until the queue is done), so
 # editing this checkout does not change the code of a run half done, and a run resumed in a later session runs the
@@ -15,10 +16,10 @@
 # checkpoint (the trainer's own preemption path), and the next `start` continues from it (the checkpoints are
 # ignored by git and stay in results/runs/<table>/<row>/). Nothing is left running or mounted after `stop`; the
 # worktree (its .venv of hard links into uv's cache) is removed and made again, in ~20 s, by the next `start`.
-# A session's machine may not be the next session's: `keep` (after `stop`) commits each unfinished run's
-# checkpoint.pt with its config, env and metrics (git add -f: checkpoints are otherwise ignored; ~12 MB for a
-# speech run), and for each finished run its files without the checkpoint (a checkpoint committed earlier is
-# removed from git), so that the next session's `start` resumes from what landed.
+# A session's machine may not be the next session's: `keep` (after `stop`, or while running: a snapshot) commits
+# each unfinished run's checkpoint.pt with its config, env and metrics (git add -f: checkpoints are otherwise
+# ignored; ~12 MB for a speech run), and for each finished run its files without the checkpoint (a checkpoint
+# committed earlier is removed from git), so that the next session's `start` resumes from what landed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -79,7 +80,11 @@ stop() {
 }
 
 keep() {
-    if running; then echo "the sweep is running: $0 stop first"; exit 1; fi
+    # While the sweep runs, keep commits a snapshot: the state a kill at this moment would leave, which resumes
+    # exactly (git reads a checkpoint whole, as the trainer renames a finished one into place; a resumed run drops
+    # the log records written after its checkpoint). Keep early in a session: a session cut off before it keeps
+    # loses what its runs did since the last keep.
+    if running; then echo "the sweep is running: keeping a snapshot of its runs (it goes on; a resume starts there)"; fi
     local dir kept=() done=()
     for dir in results/runs/*/*/; do
         dir=${dir%/}

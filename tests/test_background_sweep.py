@@ -1,0 +1,93 @@
+"""tools/background-sweep.sh keep: what it commits for the next session, stopped or while the sweep runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_FILES = ("config.yaml", "env.json", "metrics.jsonl")
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def keep(repo: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    return subprocess.run(["bash", "tools/background-sweep.sh", "keep"], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def run_dir(repo: Path, name: str, *, finished: bool) -> Path:
+    path = repo / "results" / "runs" / "t" / name
+    path.mkdir(parents=True)
+    for f in RUN_FILES:
+        (path / f).write_text(f"{name} {f}\n")
+    (path / "checkpoint.pt").write_bytes(os.urandom(64))
+    if finished:
+        (path / "summary.json").write_text("{}\n")
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    if shutil.which("git") is None:
+        pytest.fail("git is needed: the background sweep keeps its runs in git")
+    repo = tmp_path / "repo"
+    (repo / "tools").mkdir(parents=True)
+    shutil.copy(ROOT / "tools" / "background-sweep.sh", repo / "tools")
+    shutil.copy(ROOT / ".gitignore", repo / ".gitignore")  # checkpoints and /runs/ ignored, as here
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "start")
+    return repo
+
+
+def committed(repo: Path) -> set[str]:
+    return set(git(repo, "ls-files", "results").split())
+
+
+def test_keep_commits_an_unfinished_run_with_its_checkpoint_and_a_finished_one_without(repo):
+    done = run_dir(repo, "done", finished=True)
+    git(repo, "add", "-f", str(done / "checkpoint.pt"))  # kept by an earlier session while it ran
+    git(repo, "commit", "-q", "-m", "an earlier keep")
+    run_dir(repo, "half", finished=False)
+    out = keep(repo)
+    assert out.returncode == 0, out.stderr
+    assert "finished results/runs/t/done; unfinished results/runs/t/half" in out.stdout
+    assert committed(repo) == {
+        *(f"results/runs/t/half/{f}" for f in (*RUN_FILES, "checkpoint.pt")),
+        *(f"results/runs/t/done/{f}" for f in (*RUN_FILES, "summary.json")),
+    }
+    assert (done / "checkpoint.pt").exists()  # left on disk, only out of git
+    again = keep(repo)
+    assert again.returncode == 0 and "nothing to keep" in again.stdout
+
+
+def test_keep_while_the_sweep_runs_commits_a_snapshot_and_leaves_it_running(repo):
+    half = run_dir(repo, "half", finished=False)
+    sweep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (repo / "runs" / "bg").mkdir(parents=True)
+        (repo / "runs" / "bg" / "pid").write_text(f"{sweep.pid}\n")
+        out = keep(repo)
+        assert out.returncode == 0, out.stderr
+        assert "keeping a snapshot" in out.stdout and "unfinished results/runs/t/half" in out.stdout
+        assert "results/runs/t/half/checkpoint.pt" in committed(repo)
+        assert sweep.poll() is None  # keep does not stop the sweep
+        # the run goes on: its next checkpoint is the next snapshot
+        (half / "checkpoint.pt").write_bytes(os.urandom(64))
+        assert "unfinished results/runs/t/half" in keep(repo).stdout
+        assert git(repo, "status", "--porcelain", "--ignored", str(half)) == ""
+    finally:
+        sweep.kill()
+        sweep.wait()
