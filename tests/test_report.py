@@ -410,7 +410,7 @@ def test_a_frontier_table_sets_dgc_against_the_diloco_arm_nearest_its_bytes(tmp_
     assert code == 0
     line = next(x for x in (tmp_path / "cpu-frontier.md").read_text().splitlines() if x.startswith("At matched bytes"))
     assert "DiLoCo, H = 256" in line and "H = 16," not in line
-    assert "(1.10x DGC's" in line
+    assert "(1.10x DGC's, the DiLoCo arm nearest it; its 300 steps at H = 256 are 1 outer step)" in line
     # deltas +15.0, +13.5: mean +14.25, sd 1.061, se 0.75, t(0.975, 1) = 12.706 -> half-width 9.53
     assert "seed 0: +15.00, seed 1: +13.50; mean +14.25; standard error 0.75, 95% interval [+4.72, +23.78]." in line
     assert report.matched_bytes(table, []) == []

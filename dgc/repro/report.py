@@ -358,7 +358,8 @@ def _paired_lines(table: Table, methods: list[dict[str, Any]]) -> list[str]:
 
 def matched_bytes(table: Table, records: list[dict[str, Any]]) -> list[str]:
     """A frontier table's DGC against the DiLoCo arm whose measured bytes per step are nearest DGC's (the two byte
-    counts and their ratio are named): the headline metric's difference seed by seed, over the seeds both ran."""
+    counts and their ratio are named, and how many outer steps the DiLoCo arm made): the headline metric's difference
+    seed by seed, over the seeds both ran."""
     m = table.metrics[0]
     methods = methods_of(table, records)
     dgc = next((r for r in methods if r["compression"] == "dgc" and r["sent_mb"]), None)
@@ -373,13 +374,20 @@ def matched_bytes(table: Table, records: list[dict[str, Any]]) -> list[str]:
         return []
     deltas = [by_seed[(dgc["method"], s)] - by_seed[(near["method"], s)] for s in seeds]
     label = METRICS.get(m, (m, True))[0]
+    every = next((int(o.split("=", 1)[1]) for r in table.rows if r.method == near["method"] for o in r.overrides
+                  if o.startswith("local_steps.every=")), None)  # fmt: skip
+    outer = ""
+    if every and near["steps"]:
+        n = near["steps"] // every
+        outer = f"; its {near['steps']} steps at H = {every} are {n} outer step{'s' if n != 1 else ''}"
     per_seed = ", ".join(f"seed {s}: {d:+.2f}" for s, d in zip(seeds, deltas, strict=True))
     mean = sum(deltas) / len(deltas)
     se, ci = paired(deltas)
     spread = f"; standard error {se:.2f}, 95% interval [{ci[0]:+.2f}, {ci[1]:+.2f}]" if se is not None else ""
     return ["", f"At matched bytes: {dgc['method']} sends {_fmt_mb(dgc['sent_mb'])} MB/step, {near['method']} "
             f"{_fmt_mb(near['sent_mb'])} MB/step ({near['sent_mb'] / dgc['sent_mb']:.2f}x DGC's, the DiLoCo arm "
-            f"nearest it). Difference in {label}, DGC minus DiLoCo: {per_seed}; mean {mean:+.2f}{spread}."]  # fmt: skip
+            f"nearest it{outer}). Difference in {label}, DGC minus DiLoCo: {per_seed}; mean {mean:+.2f}"
+            f"{spread}."]  # fmt: skip
 
 
 def to_csv(records: list[dict[str, Any]]) -> str:
