@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dgc.repro import plots, report
-from dgc.repro.tables import TABLES, get_table
+from dgc.repro.tables import SPEECH_CHOSEN, TABLES, get_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -414,3 +414,28 @@ def test_a_frontier_table_sets_dgc_against_the_diloco_arm_nearest_its_bytes(tmp_
     # deltas +15.0, +13.5: mean +14.25, sd 1.061, se 0.75, t(0.975, 1) = 12.706 -> half-width 9.53
     assert "seed 0: +15.00, seed 1: +13.50; mean +14.25; standard error 0.75, 95% interval [+4.72, +23.78]." in line
     assert report.matched_bytes(table, []) == []
+
+
+def test_a_longer_run_of_the_same_rows_is_set_beside_the_standard_ones_seed_by_seed(tmp_path, capsys):
+    """cpu-speech-long's Δ per seed beside cpu-speech's, same row and seed; a seed done in one only is left out."""
+    standard = {"none-s0": 45.0, "none-s1": 46.0, f"{SPEECH_CHOSEN}-s0": 49.5, f"{SPEECH_CHOSEN}-s1": 47.5}
+    long = {"none-long-s0": 44.0, "none-long-s1": 45.0, f"{SPEECH_CHOSEN}-long-s0": 45.0}
+    for name, values in (("cpu-speech", standard), ("cpu-speech-long", long)):
+        for row in get_table(name).rows:
+            if row.key in values:
+                fake_run(tmp_path / "runs" / name / row.key, row.task, row.compression,
+                         dict.fromkeys(get_table(name).metrics, values[row.key]), "speech")  # fmt: skip
+    code, _, _ = run_report(
+        ["--table", "cpu-speech-long", "--partial", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path)],
+        capsys,
+    )
+    assert code == 0
+    text = (tmp_path / "cpu-speech-long.md").read_text()
+    assert "Beside cpu-speech (the same rows and seeds, its own length)" in text
+    method = next(r.method for r in get_table("cpu-speech-long").rows if r.key.startswith(SPEECH_CHOSEN))
+    assert f"| {method} | 1 | 0: +1.00 / +4.50 | +1.00 | +4.50 |" in text
+    # without the standard runs there is nothing to set beside: no such section
+    shutil.rmtree(tmp_path / "runs" / "cpu-speech")
+    run_report(["--table", "cpu-speech-long", "--partial", "--runs-root", str(tmp_path / "runs"), "--out",
+                str(tmp_path)], capsys)  # fmt: skip
+    assert "Beside cpu-speech" not in (tmp_path / "cpu-speech-long.md").read_text()

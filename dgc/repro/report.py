@@ -356,6 +356,33 @@ def _paired_lines(table: Table, methods: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def beside_lines(table: Table, records: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[str]:
+    """The headline metric's per-seed differences to the reference row, here and in ``table.paired_with``'s table
+    (``other``: its records) for the same rows and seeds, for every method with a seed done in both."""
+    name, infix = table.paired_with
+    m = next((m for m in table.metrics if m in HEADLINE.values()), table.metrics[0])
+    there = {r["key"]: r[f"delta_{m}"] for r in other if r[f"delta_{m}"] is not None}
+    references = {(r.group, r.method) for r in table.rows if r.baseline}
+    pairs: dict[str, list[tuple[int | None, float, float]]] = {}
+    for rec in records:
+        key = rec["key"].replace(infix, "", 1)
+        if (rec["group"], rec["method"]) in references or rec[f"delta_{m}"] is None or key not in there:
+            continue
+        pairs.setdefault(rec["method"], []).append((rec["seed"], rec[f"delta_{m}"], there[key]))
+    if not pairs:
+        return []
+    label = METRICS.get(m, (m, True))[0]
+    lines = ["", f"Beside {name} (the same rows and seeds, its own length): the difference in {label} to the "
+             "reference row, seed by seed, here / there:", "",
+             "| method | seeds | Δ here / Δ there, by seed | mean Δ here | mean Δ there, the same seeds |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for method, rows in pairs.items():
+        per_seed = ", ".join(f"{seed}: {here:+.2f} / {then:+.2f}" for seed, here, then in rows)
+        lines.append(f"| {method} | {len(rows)} | {per_seed} | {_mean([r[1] for r in rows]):+.2f} | "
+                     f"{_mean([r[2] for r in rows]):+.2f} |")  # fmt: skip
+    return lines
+
+
 def matched_bytes(table: Table, records: list[dict[str, Any]]) -> list[str]:
     """A frontier table's DGC against the DiLoCo arm whose measured bytes per step are nearest DGC's (the two byte
     counts and their ratio are named, and how many outer steps the DiLoCo arm made): the headline metric's difference
@@ -408,7 +435,10 @@ def _fmt_spread(mean: float | None, sd: float | None) -> str:
     return _fmt(mean) if sd is None else f"{_fmt(mean)} ± {sd:.2f}"
 
 
-def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> str:
+def to_markdown(
+    table: Table, records: list[dict[str, Any]], command: str, beside: list[dict[str, Any]] | None = None
+) -> str:
+    """The table's markdown; ``beside``: the records of ``table.paired_with``'s table, when it has one."""
     paper = has_paper(table)
     seeded = any(r["seed"] is not None for r in records)
     methods = methods_of(table, records)
@@ -462,6 +492,8 @@ def to_markdown(table: Table, records: list[dict[str, Any]], command: str) -> st
         notes += _paired_lines(table, methods)
         if table.frontier:
             notes += matched_bytes(table, records)
+        if table.paired_with and beside:
+            notes += beside_lines(table, records, beside)
         notes += ["", "Each run:", "", "| method | seed | steps | " + " | ".join(table.metrics) + " | ratio | run |",
                   "|" + "---|" * (len(table.metrics) + 5)]  # fmt: skip
         for rec in records:
@@ -491,12 +523,16 @@ def _signed(value: float | None) -> str:
 
 
 # -- entry point ---------------------------------------------------------------------------------------
-def build(table: Table, runs: list[Run], command: str, wire: Path | None = None) -> dict[str, bytes]:
+def build(
+    table: Table, runs: list[Run], command: str, wire: Path | None = None, beside: list[Run] | None = None
+) -> dict[str, bytes]:
     """Every output file's bytes, made in memory first (so a failure leaves nothing half-written). ``wire``: the
-    wire bench's JSON a frontier table prices ResNet-50's bytes from (``bench/wire.json`` beside the runs folder)."""
+    wire bench's JSON a frontier table prices ResNet-50's bytes from (``bench/wire.json`` beside the runs folder);
+    ``beside``: the finished runs of ``table.paired_with``'s table."""
     records = rows_of(table, runs)
+    other = rows_of(get_table(table.paired_with[0]), beside) if table.paired_with and beside else None
     files = {
-        f"{table.name}.md": to_markdown(table, records, command).encode(),
+        f"{table.name}.md": to_markdown(table, records, command, other).encode(),
         f"{table.name}.csv": to_csv(records).encode(),
         f"{table.name}-steps.png": plots.plot_steps(table, runs),
         f"{table.name}-ratio.png": plots.plot_ratio(table, runs),
@@ -581,7 +617,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"summary.json (unfinished or failed): {', '.join(map(str, unfinished))}"
                 )
         wire = Path(args.runs_root).parent / "bench" / "wire.json" if args.table else None
-        files = build(table, runs, command, wire)
+        beside = table_runs(get_table(table.paired_with[0]), Path(args.runs_root))[0] if table.paired_with else None
+        files = build(table, runs, command, wire, beside)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -100,6 +100,9 @@ class Table:
     data: str = ""
     #: the report adds accuracy against bytes and each arm's projected step time (dgc.repro.frontier_cost)
     frontier: bool = False
+    #: (another table, the part of this table's run keys that the other's lack): the report sets each method's
+    #: per-seed differences beside the other table's for the same rows and seeds (a longer run of the same rows)
+    paired_with: tuple[str, str] = ()
 
 
 def _mb(dense: float, sent: float, ratio: float) -> dict:
@@ -424,7 +427,7 @@ TABLES: dict[str, Table] = {
             f"The speech analog at 2.5x the length: {SPEECH_LONG_EPOCHS} epochs, the same total learning-rate decay",
             ("wer", "dev_wer", "cer", "librivox_wer"), _cpu_speech_long_rows(),
             "No paper numbers: does DGC's gap on cpu-speech shrink with a longer run? Paired by seed with cpu-speech",
-            full_scale=False,
+            full_scale=False, paired_with=("cpu-speech", "-long"),
         ),
         *_frontier_tables(),
     )
