@@ -91,3 +91,27 @@ def test_keep_while_the_sweep_runs_commits_a_snapshot_and_leaves_it_running(repo
     finally:
         sweep.kill()
         sweep.wait()
+
+
+def test_a_fresh_machine_resumes_an_unfinished_run_at_the_commit_it_started_with(repo):
+    def pin() -> str:
+        out = subprocess.run(["bash", "tools/background-sweep.sh", "pin"], cwd=repo, capture_output=True, text=True,
+                             timeout=60, check=True)  # fmt: skip
+        return out.stdout.strip()
+
+    first = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "later.txt").write_text("a later commit\n")
+    git(repo, "add", "later.txt")
+    git(repo, "commit", "-q", "-m", "later")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    done = run_dir(repo, "done", finished=True)
+    (done / "env.json").write_text(f'{{"git_revision": "{first}"}}\n')
+    assert pin() == head  # a finished run pins nothing
+    half = run_dir(repo, "half", finished=False)
+    (half / "env.json").write_text(f'{{"python": "3.11", "git_revision": "{first}", "world_size": 2}}\n')
+    assert pin() == first
+    (half / "env.json").write_text('{"git_revision": "' + "0" * 40 + '"}\n')
+    assert pin() == head  # a revision this repository does not have: HEAD
+    (repo / "runs" / "bg").mkdir(parents=True)
+    (repo / "runs" / "bg" / "commit").write_text(f"{first}\n")
+    assert pin() == first  # a queue under way here keeps its own

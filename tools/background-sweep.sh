@@ -6,6 +6,7 @@
 #   tools/background-sweep.sh stop                             # checkpoint, stop, remove the worktree
 #   tools/background-sweep.sh keep                             # commit what a later session needs to resume
 #                                                              # (while it runs too: a snapshot, as after a kill)
+#   tools/background-sweep.sh pin                              # the commit a start runs (an unfinished run's own)
 #
 # The sweep runs from a git worktree pinned to one commit (runs/bg/commit, kept until the queue is done), so
 # editing this checkout does not change the code of a run half done, and a run resumed in a later session runs the
@@ -30,10 +31,24 @@ cd "$ROOT"
 
 running() { [[ -f $BG/pid ]] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; }
 
+# The commit a new start runs: runs/bg/commit while a queue is under way here; on a machine without it (a fresh
+# one), the commit an unfinished kept run started with (its env.json's git_revision), so that it resumes with the
+# code it began with; otherwise HEAD.
+pin() {
+    if [[ -f $BG/commit ]]; then cat "$BG/commit"; return; fi
+    local dir rev
+    for dir in results/runs/*/*/; do
+        [[ -f $dir/checkpoint.pt && ! -f $dir/summary.json && -f $dir/env.json ]] || continue
+        rev=$(grep -o '"git_revision": *"[0-9a-f]*"' "$dir/env.json" | grep -o '[0-9a-f]\{40\}' || true)
+        if [[ -n $rev ]] && git cat-file -e "$rev^{commit}" 2> /dev/null; then echo "$rev"; return; fi
+    done
+    git rev-parse HEAD
+}
+
 start() {
     if running; then echo "background sweep already running (pid $(cat "$BG/pid")); see: $0 status"; exit 1; fi
     mkdir -p "$BG"
-    [[ -f $BG/commit ]] || git rev-parse HEAD > "$BG/commit"
+    [[ -f $BG/commit ]] || pin > "$BG/commit"
     local commit; commit=$(cat "$BG/commit")
     if [[ ! -d $TREE ]]; then
         git worktree prune
@@ -113,5 +128,6 @@ case ${1:-} in
     stop) stop ;;
     keep) keep ;;
     status) status ;;
-    *) echo "usage: $0 start [TABLE[:ROWS] ...] | status | stop | keep" >&2; exit 2 ;;
+    pin) pin ;;
+    *) echo "usage: $0 start [TABLE[:ROWS] ...] | status | stop | keep | pin" >&2; exit 2 ;;
 esac
