@@ -157,7 +157,7 @@ cpu-kjv: install ## CPU analog of Table 4 (PTB): kjv_lstm, 2 workers, 12 epochs,
 cpu-speech: data ## CPU analog of Table 4 (LibriSpeech): synth_deepspeech, 2 workers, 44 epochs, none, DGC accumulating gradients or updates, and a density-0.01 diagnostic, seeds 0-1; dense and the chosen DGC seeds 2-4 too (14 runs, ~12-16 h)
 	$(CPU_SWEEP) $@
 
-cpu-speech-long: data ## the speech analog at 2.5x the epochs (110, same total decay), dense and the chosen DGC, seeds 0-1 (4 runs, ~2.5 h each; resumable: tools/background-sweep.sh)
+cpu-speech-long: data ## the speech analog at 2.5x the epochs (110, same total decay), dense and the chosen DGC, seeds 0-1 (4 runs, 2.8 h each measured here, niced; resumable: tools/background-sweep.sh)
 	$(CPU_SWEEP) $@
 
 cpu-compact: install ## compact wire format vs the default: fmnist_resnet20 as in make demo, 4 seeds x 3 formats (~70 min)
