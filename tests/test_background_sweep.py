@@ -1,4 +1,5 @@
-"""tools/background-sweep.sh keep: what it commits for the next session, stopped or while the sweep runs."""
+"""tools/background-sweep.sh: what keep commits for the next session (stopped or while the sweep runs), and the
+commit a start on a fresh machine runs (pin)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.yaml", "env.json", "metrics.jsonl")
+#: a committer for the scratch repository (the machine may have none configured)
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+    return subprocess.run(["git", *args], cwd=repo, env={**os.environ, **GIT_ENV}, check=True, capture_output=True,
+                          text=True).stdout  # fmt: skip
+
+
+def sweep_tool(repo: Path, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "tools/background-sweep.sh", command], cwd=repo, env={**os.environ, **GIT_ENV},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
 def keep(repo: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    return subprocess.run(["bash", "tools/background-sweep.sh", "keep"], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    return sweep_tool(repo, "keep")
 
 
 def run_dir(repo: Path, name: str, *, finished: bool) -> Path:
@@ -95,8 +99,8 @@ def test_keep_while_the_sweep_runs_commits_a_snapshot_and_leaves_it_running(repo
 
 def test_a_fresh_machine_resumes_an_unfinished_run_at_the_commit_it_started_with(repo):
     def pin() -> str:
-        out = subprocess.run(["bash", "tools/background-sweep.sh", "pin"], cwd=repo, capture_output=True, text=True,
-                             timeout=60, check=True)  # fmt: skip
+        out = sweep_tool(repo, "pin")
+        assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
     first = git(repo, "rev-parse", "HEAD").strip()

@@ -29,6 +29,7 @@ def fake_run(
     sent: float | None = 2400.0,
     dense: float = 1077736.0,
     evals: int = 3,
+    local_steps: int = 0,
 ) -> Path:
     run_dir.mkdir(parents=True)
     headline = {"image": "top1", "language": "ppl", "speech": "wer"}[kind]
@@ -37,6 +38,7 @@ def fake_run(
         "task": task,
         "compression": compression,
         "world_size": world_size,
+        "local_steps": local_steps,
         "steps": steps,
         "metrics": metrics,
         "wire_ratio": 1.0 if dense_run else (dense / sent if sent else None),
@@ -403,7 +405,8 @@ def test_a_frontier_table_sets_dgc_against_the_diloco_arm_nearest_its_bytes(tmp_
         if arm in top1:
             value = top1[arm][row.seed]
             fake_run(tmp_path / "runs" / "cpu-frontier" / row.key, row.task, row.compression,
-                     {"top1": value, "val_top1": value}, sent=sent[arm])  # fmt: skip
+                     {"top1": value, "val_top1": value}, sent=sent[arm],
+                     local_steps=int(arm.split("-h")[1]) if arm.startswith("diloco") else 0)  # fmt: skip
     code, _, _ = run_report(
         ["--table", "cpu-frontier", "--partial", "--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path)], capsys
     )

@@ -336,10 +336,15 @@ def paired(deltas: list[float]) -> tuple[float | None, tuple[float, float] | Non
     return se, (mean - half, mean + half)
 
 
+def _paired_metric(table: Table) -> str:
+    """The metric the paired sections compare: the first of the table's that is a headline, else its first."""
+    return next((m for m in table.metrics if m in HEADLINE.values()), table.metrics[0])
+
+
 def _paired_lines(table: Table, methods: list[dict[str, Any]]) -> list[str]:
     """The headline metric's per-seed differences to the reference, with their standard error and 95% interval,
     for every method with two or more paired seeds."""
-    m = next((m for m in table.metrics if m in HEADLINE.values()), table.metrics[0])
+    m = _paired_metric(table)
     references = {(r.group, r.method) for r in table.rows if r.baseline}
     rows = [rec for rec in methods if (rec["group"], rec["method"]) not in references
             and len(rec[f"delta_{m}_seeds"]) >= 2 and rec[f"delta_{m}_ci"] is not None]  # fmt: skip
@@ -360,7 +365,7 @@ def beside_lines(table: Table, records: list[dict[str, Any]], other: list[dict[s
     """The headline metric's per-seed differences to the reference row, here and in ``table.paired_with``'s table
     (``other``: its records) for the same rows and seeds, for every method with a seed done in both."""
     name, infix = table.paired_with
-    m = next((m for m in table.metrics if m in HEADLINE.values()), table.metrics[0])
+    m = _paired_metric(table)
     there = {r["key"]: r[f"delta_{m}"] for r in other if r[f"delta_{m}"] is not None}
     references = {(r.group, r.method) for r in table.rows if r.baseline}
     pairs: dict[str, list[tuple[int | None, float, float]]] = {}
@@ -383,10 +388,10 @@ def beside_lines(table: Table, records: list[dict[str, Any]], other: list[dict[s
     return lines
 
 
-def matched_bytes(table: Table, records: list[dict[str, Any]]) -> list[str]:
+def matched_bytes(table: Table, records: list[dict[str, Any]], local_steps: dict[str, int] | None = None) -> list[str]:
     """A frontier table's DGC against the DiLoCo arm whose measured bytes per step are nearest DGC's (the two byte
-    counts and their ratio are named, and how many outer steps the DiLoCo arm made): the headline metric's difference
-    seed by seed, over the seeds both ran."""
+    counts and their ratio are named, and how many outer steps the DiLoCo arm made: ``local_steps``, each method's H
+    from its runs): the headline metric's difference seed by seed, over the seeds both ran."""
     m = table.metrics[0]
     methods = methods_of(table, records)
     dgc = next((r for r in methods if r["compression"] == "dgc" and r["sent_mb"]), None)
@@ -401,8 +406,7 @@ def matched_bytes(table: Table, records: list[dict[str, Any]]) -> list[str]:
         return []
     deltas = [by_seed[(dgc["method"], s)] - by_seed[(near["method"], s)] for s in seeds]
     label = METRICS.get(m, (m, True))[0]
-    every = next((int(o.split("=", 1)[1]) for r in table.rows if r.method == near["method"] for o in r.overrides
-                  if o.startswith("local_steps.every=")), None)  # fmt: skip
+    every = (local_steps or {}).get(near["method"])
     outer = ""
     if every and near["steps"]:
         n = near["steps"] // every
@@ -436,9 +440,14 @@ def _fmt_spread(mean: float | None, sd: float | None) -> str:
 
 
 def to_markdown(
-    table: Table, records: list[dict[str, Any]], command: str, beside: list[dict[str, Any]] | None = None
+    table: Table,
+    records: list[dict[str, Any]],
+    command: str,
+    beside: list[dict[str, Any]] | None = None,
+    local_steps: dict[str, int] | None = None,
 ) -> str:
-    """The table's markdown; ``beside``: the records of ``table.paired_with``'s table, when it has one."""
+    """The table's markdown; ``beside``: the records of ``table.paired_with``'s table, when it has one;
+    ``local_steps``: each method's H (0: none), from its runs."""
     paper = has_paper(table)
     seeded = any(r["seed"] is not None for r in records)
     methods = methods_of(table, records)
@@ -491,8 +500,8 @@ def to_markdown(
     if seeded:
         notes += _paired_lines(table, methods)
         if table.frontier:
-            notes += matched_bytes(table, records)
-        if table.paired_with and beside:
+            notes += matched_bytes(table, records, local_steps)
+        if beside:
             notes += beside_lines(table, records, beside)
         notes += ["", "Each run:", "", "| method | seed | steps | " + " | ".join(table.metrics) + " | ratio | run |",
                   "|" + "---|" * (len(table.metrics) + 5)]  # fmt: skip
@@ -531,15 +540,15 @@ def build(
     ``beside``: the finished runs of ``table.paired_with``'s table."""
     records = rows_of(table, runs)
     other = rows_of(get_table(table.paired_with[0]), beside) if table.paired_with and beside else None
+    local_steps = {r.row.method: int(r.summary.get("local_steps") or 0) for r in runs}
     files = {
-        f"{table.name}.md": to_markdown(table, records, command, other).encode(),
+        f"{table.name}.md": to_markdown(table, records, command, other, local_steps).encode(),
         f"{table.name}.csv": to_csv(records).encode(),
         f"{table.name}-steps.png": plots.plot_steps(table, runs),
         f"{table.name}-ratio.png": plots.plot_ratio(table, runs),
     }
     if table.frontier:
         headline = table.metrics[0]
-        local_steps = {r.row.method: int(r.summary.get("local_steps") or 0) for r in runs}
         overrides = {r.method: r.overrides for r in table.rows}
         measured = frontier_cost.wire_bench(wire) if wire is not None else {}
         files.update(frontier_cost.outputs(table.name, table.title, headline, METRICS.get(headline, (headline,))[0],
