@@ -36,6 +36,29 @@ def test_every_tensor_in_the_chunk_message_is_one_allgather_and_nothing_dense():
     assert fc.collectives_of("dgc_chunk") == ("allgather", "rest")
 
 
+def test_dense_values_in_the_message_ride_with_its_payload():
+    for compression, before in (("dgc", ("lengths", "allgather")), ("dgc_chunk", ("allgather",))):
+        overrides = ("compression.wire_values=fp16", "sync.pack_dense=true")
+        arm = fc.arm_cost("packed", compression, 0, 0.0, measured=("x", 300_000.0), overrides=overrides)
+        assert (arm.collectives, arm.rest_bytes) == (before, 0.0)
+    arm = fc.arm_cost("packed", "dgc_chunk", 0, 0.0, measured=("x", 300_000.0), overrides=("sync.pack_dense=true",))
+    plain = fc.arm_cost("plain", "dgc_chunk", 0, 0.0, measured=("x", 300_000.0))
+    far, near = fc.link_profile(1.0, 30.0), fc.link_profile(1.0, 0.1)
+    # 6 latencies fewer between regions; on a 1 Gb/s LAN with many workers the allgathered dense values cost more
+    assert fc.exchange_s(plain, far, 4) - fc.exchange_s(arm, far, 4) == pytest.approx(0.180, rel=0.05)
+    assert fc.exchange_s(arm, near, 64) > fc.exchange_s(plain, near, 64)
+
+
+def test_the_projection_takes_the_number_of_workers(tmp_path, capsys):
+    wire = tmp_path / "wire.json"
+    names = ("none", "bf16", "powersgd", "dgc_fp16", "dgc_chunk_fp16", "diloco", "demo", "sparseloco")
+    wire.write_text(json.dumps({"numel": W.numel, "density": None,
+                                "compressors": {n: {"sent_bytes": 1000.0} for n in names}}))  # fmt: skip
+    fc.main(["--wire", str(wire), "--workers", "16"])
+    md = capsys.readouterr().out
+    assert md.splitlines()[0].endswith("16 workers") and "--workers 16" in md
+
+
 def test_an_allgather_arm_by_hand():
     arm = fc.arm_cost("DGC", "dgc", 0, wire_ratio=200.0)
     assert (arm.kind, arm.every, arm.collectives) == ("serial", 1, ("lengths", "allgather", "rest"))
@@ -190,6 +213,7 @@ def test_the_projection_from_the_wire_bench_alone(tmp_path, capsys):
     cases = (
         (["--wire", str(tmp_path / "none.json")], "no wire bench of ResNet-50"),
         (["--table", "cpu-fmnist", "--wire", str(wire)], "not a frontier table; valid: cpu-frontier"),
+        (["--wire", str(wire), "--workers", "1"], "--workers must be an integer >= 2, got 1"),
     )
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_:

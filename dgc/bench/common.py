@@ -29,6 +29,9 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dgc_chunk_fp16": ("dgc_chunk", ("compression.wire_values=fp16",)),
     # and every tensor through it (biases, BatchNorm too): one fixed-size allgather per step, nothing else
     "dgc_chunk_one": ("dgc_chunk", ("compression.wire_values=fp16", "sync.policy.min_ndim=1")),
+    # the frontier's DGC arms with the values left dense in the compressor's message (sync.pack_dense)
+    "dgc_packed": ("dgc", ("compression.wire_values=fp16", "sync.pack_dense=true")),
+    "dgc_chunk_packed": ("dgc_chunk", ("compression.wire_values=fp16", "sync.pack_dense=true")),
     # the scale-out exchanges (dgc.exchanges); hierarchical takes the ranks per machine from the launcher
     "dgc_hierarchical": ("dgc", ("sync.exchange=hierarchical",)),
     "dgc_sparse_allreduce": ("dgc", ("sync.exchange=sparse_allreduce",)),

@@ -65,7 +65,13 @@ COLLECTIVES: dict[str, tuple[str, ...]] = {
 #: wire-bench configurations the frontier table does not run, priced by the bench-only projection beside its arms
 #: (no accuracy): what DGC's step would be in one collective, every tensor (biases, BatchNorm too) in its chunk
 #: selection's fixed-size message: no lengths message, no allreduce of the values left dense
-WHAT_IF: dict[str, str] = {"dgc_chunk_one": "DGC, chunk selection, every tensor in one message (not run)"}
+WHAT_IF: dict[str, str] = {
+    "dgc_chunk_one": "DGC, chunk selection, every tensor in one message (not run)",
+    # the values left dense inside the compressor's message (sync.pack_dense): the arms' own arithmetic, so their
+    # accuracy (tests/test_packing.py), one collective fewer
+    "dgc_packed": "DGC, dense values in its message (DGC's arithmetic)",
+    "dgc_chunk_packed": "DGC chunk selection, dense values in its message (its arithmetic)",
+}
 
 
 class FrontierCostError(ValueError):
@@ -101,14 +107,15 @@ class ArmCost:
 def collectives_of(compression: str, overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The collectives of one exchange of preset ``compression`` with ``overrides``: :data:`COLLECTIVES`, less the
     allreduce of the values left dense where the policy compresses every tensor of a model without 0-d parameters
-    (``sync.policy.min_ndim=1`` or 0: biases and BatchNorm too, as ResNet-50's)."""
+    (``sync.policy.min_ndim=1`` or 0: biases and BatchNorm too, as ResNet-50's) or where they travel in the
+    compressor's message (``sync.pack_dense=true``: their bytes go with its payload)."""
     from dgc.repro import presets
 
     if compression not in COLLECTIVES:
         raise FrontierCostError(f"no price for compression {compression!r}: valid: {', '.join(COLLECTIVES)}")
-    policy = presets.preset(compression, [o for o in overrides if o.startswith("sync.policy.")]).sync.policy
-    every_tensor = policy.min_ndim <= 1 and policy.min_numel <= 1
-    return tuple(c for c in COLLECTIVES[compression] if not (every_tensor and c == "rest"))
+    sync = presets.preset(compression, [o for o in overrides if o.startswith("sync.")]).sync
+    every_tensor = sync.policy.min_ndim <= 1 and sync.policy.min_numel <= 1
+    return tuple(c for c in COLLECTIVES[compression] if not ((every_tensor or sync.pack_dense) and c == "rest"))
 
 
 def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float, steps: int | None = None,
@@ -330,9 +337,9 @@ def outputs(name: str, title: str, headline: str, label: str, methods: list[dict
 
 
 # -- python -m dgc.repro.frontier_cost: the projection from the wire bench alone (no runs needed) -------------------
-def bench_only(table_name: str, wire_path: Path) -> str:
-    """The projection of table ``table_name``'s arms from ``wire_path`` alone: bytes and step times, no accuracy
-    (what ``python -m dgc.repro.report --table`` adds once the runs are done)."""
+def bench_only(table_name: str, wire_path: Path, workers: int = WORKERS) -> str:
+    """The projection of table ``table_name``'s arms from ``wire_path`` alone, on ``workers`` workers: bytes and step
+    times, no accuracy (what ``python -m dgc.repro.report --table`` adds once the runs are done)."""
     from dgc.bench.common import configurations
     from dgc.repro import presets
     from dgc.repro.tables import get_table
@@ -362,8 +369,9 @@ def bench_only(table_name: str, wire_path: Path) -> str:
             compression, overrides = configurations()[name]
             arm = arm_cost(method, compression, 0, 0.0, measured=(name, wire[name]), overrides=overrides)
             priced.append(({"method": method, table.metrics[0]: None}, arm))
-    proj = projection([arm for _, arm in priced])
+    proj = projection([arm for _, arm in priced], workers)
     command = f"python -m dgc.repro.frontier_cost --table {table_name} --wire {wire_path}"
+    command += f" --workers {workers}" if workers != WORKERS else ""
     return to_markdown(table.title, table.metrics[0], priced, proj, command)
 
 
@@ -381,9 +389,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table", default="cpu-frontier", help="a frontier table (default: %(default)s)")
     p.add_argument("--wire", type=Path, default=Path("results/bench/wire.json"),
                    help="the wire bench's JSON on ResNet-50 (default: %(default)s)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=WORKERS, help="workers, one GPU each (default: %(default)s)")
     args = p.parse_args(argv)
     try:
-        print(bench_only(args.table, args.wire), end="")
+        if args.workers < 2:
+            raise FrontierCostError(f"--workers must be an integer >= 2, got {args.workers}")
+        print(bench_only(args.table, args.wire, args.workers), end="")
     except (FrontierCostError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -1,0 +1,168 @@
+"""sync.pack_dense (dgc.packing): the values left dense travel in the compressor's own message, on real gloo ranks.
+
+Packed and unpacked from the same start must train to the same weights (up to rounding: the dense average is a sum
+in another order), agree exactly across ranks, send the same bytes, and issue one collective fewer per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+import torch
+
+import dgc
+from dgc.collectives import Allgather, AllgatherBytes, AllreduceMax, AllreduceMean, Steps
+from dgc.compressors.base import Compressor, CompressorConfig, Item
+from dgc.packing import carry
+from dgc.sync_config import SyncConfig
+from dgc.timing import Phases
+from tests.multiproc import run
+from tests.test_sync_dist import make_model, params, train_loop
+
+#: every compressor, at settings small enough for the test model's tensors to send something every step, and DGC's
+#: chunk selection (a fixed-size allgather): label -> (compressor, options)
+CASES = {name: (name, {}) for name in dgc.COMPRESSORS} | {
+    "topk": ("topk", {"density": 0.05}), "dgc": ("dgc", {"density": 0.05, "seed": 1}),
+    "powersgd": ("powersgd", {"rank": 2}),
+    "demo": ("demo", {"tile": 8}), "sparseloco": ("sparseloco", {"chunk_size": 8}),
+    "dgc_chunk": ("dgc", {"density": 0.05, "selection": "chunk", "chunk_size": 16}),
+}  # fmt: skip
+
+
+def _train(rank: int, name: str, options: dict, pack: bool, steps: int = 6, ddp_buckets_mb: float | None = None,
+           **sync_kw):  # fmt: skip
+    model = make_model()
+    sync = dgc.GradientSync(model, dgc.build_compressor(name, **options), pack_dense=pack, **sync_kw)
+    opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    losses, stats = train_loop(rank, model, sync, opt, steps, ddp_buckets_mb)
+    return params(model), losses, [(s.sent_bytes, s.dense_sent_bytes, s.collectives) for s in stats]
+
+
+def _both(rank: int, world: int, labels: list[str], sync_kw: dict) -> dict:
+    out = {}
+    for label in labels:
+        name, options = CASES[label]
+        out[label] = (_train(rank, name, options, False, **sync_kw), _train(rank, name, options, True, **sync_kw))
+    return out
+
+
+def _check(outs: list[dict], fewer: int | None) -> None:
+    """Packed trained like plain on every rank, with the same bytes and ``fewer`` collectives a step (None: never more,
+    and fewer in all)."""
+    for name in outs[0]:
+        for rank_out in outs:
+            (plain_w, plain_loss, plain_stats), (packed_w, packed_loss, packed_stats) = rank_out[name]
+            for a, b in zip(plain_w, packed_w, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+            assert packed_loss == pytest.approx(plain_loss, rel=1e-5), name
+            compressed = not dgc.COMPRESSORS[CASES[name][0]].handles_all_tensors
+            for (sent, dense, calls), (p_sent, p_dense, p_calls) in zip(plain_stats, packed_stats, strict=True):
+                assert (p_sent, p_dense) == (sent, dense), name  # the same bytes go out, the dense ones in the message
+                if fewer is None:
+                    assert p_calls <= calls, name
+                else:
+                    assert p_calls == calls - (fewer if compressed else 0), name
+            if fewer is None:
+                assert sum(s[2] for s in packed_stats) < sum(s[2] for s in plain_stats), name
+        first = outs[0][name][1][0]
+        for other in outs[1:]:  # the packed average is the same sum on every rank: the replicas agree exactly
+            assert all(torch.equal(a, b) for a, b in zip(first, other[name][1][0])), name
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_packing_trains_like_the_separate_allreduce_with_one_collective_fewer(world):
+    _check(run(_both, world, sorted(CASES), {}), fewer=1)
+
+
+def test_packing_dense_values_in_16_bits_and_with_updates():
+    # bf16 dense values ride as bf16 (PowerSGD's fp32 P cannot carry them: its own allreduce, no fewer collectives)
+    outs = run(_both, 2, ["dgc", "topk"], {"policy": dgc.Policy(dense_values="bf16"), "clip_norm": 1.0})
+    for rank_out in outs:
+        for name, ((plain_w, *_), (packed_w, *_)) in rank_out.items():
+            for a, b in zip(plain_w, packed_w, strict=True):  # bf16 summed in fp32 here, in bf16 by the allreduce
+                torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}")
+    outs = run(_both, 2, ["powersgd"], {"policy": dgc.Policy(dense_values="bf16")})
+    _check(outs, fewer=0)
+
+
+def test_packing_under_the_overlapped_ddp_hook():
+    # each DDP bucket's part packs its own dense values (a part with no compressed tensor sends them alone)
+    _check(run(_both, 2, ["dgc", "dgc_chunk"], {"ddp_buckets_mb": 0.001, "overlap": True}), fewer=None)
+
+
+# -- what can carry the dense values --------------------------------------------------------------------------
+
+
+@dataclass
+class _MaxOnlyConfig(CompressorConfig):
+    name: str = "max_only"
+
+
+class _MaxOnly(Compressor):
+    """Yields nothing the dense values can ride in: they get their own allreduce after its collective."""
+
+    name: ClassVar[str] = "max_only"
+    config_class = _MaxOnlyConfig
+
+    def steps(self, items: list[Item], phases: Phases) -> Steps:
+        scales = torch.stack([it.grad.abs().max() for it in items])
+        yield AllreduceMax(scales)
+        for it, s in zip(items, scales):
+            it.grad.fill_(float(s))
+
+
+def _max_only(rank: int, world: int) -> tuple[list[torch.Tensor], int]:
+    model = make_model()
+    sync = dgc.GradientSync(model, _MaxOnly(_MaxOnlyConfig()), pack_dense=True)
+    opt = dgc.SGD(model.parameters(), sync, lr=0.05)
+    _, stats = train_loop(rank, model, sync, opt, 1)
+    return [p.grad.clone() for p in model.parameters()], stats[0].collectives
+
+
+def test_a_compressor_without_a_carrier_sends_the_dense_values_on_their_own():
+    outs = run(_max_only, 2)
+    (g0, calls), (g1, _) = outs
+    assert calls == 2  # the maximum, then the dense values' allreduce (the agreement is counted apart)
+    for a, b in zip(g0, g1, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_carry_refuses_what_cannot_hold_the_dense_values():
+    dense = torch.ones(3)
+    assert carry(AllreduceMax(torch.ones(2)), dense) is None
+    assert carry(AllreduceMean(torch.ones(2, dtype=torch.bfloat16)), dense) is None  # another dtype
+    for op in (Allgather(torch.ones(2, dtype=torch.float16)), AllgatherBytes(torch.ones(5, dtype=torch.uint8)),
+               AllreduceMean(torch.ones(2))):  # fmt: skip
+        assert carry(op, dense) is not None
+
+
+def test_carry_splits_the_rows_back_into_the_message_and_the_mean():
+    dense = torch.tensor([1.0, 2.0])
+    message = torch.tensor([7, -3], dtype=torch.int32)
+    packed, split = carry(Allgather(message), dense)
+    rows = torch.stack(
+        [packed.tensor, torch.cat([torch.tensor([3.0, 6.0]).view(torch.uint8), message.view(torch.uint8)])]
+    )
+    own, mean = split(rows)
+    assert torch.equal(own, torch.stack([message, message]))
+    assert torch.equal(mean, torch.tensor([2.0, 4.0]))
+    packed, split = carry(AllgatherBytes(torch.tensor([9, 8, 7], dtype=torch.uint8)), dense)
+    (rows, lengths), mean = split((packed.message.unsqueeze(0), [packed.message.numel()]))
+    assert lengths == [3] and torch.equal(rows[0, :3], torch.tensor([9, 8, 7], dtype=torch.uint8))
+    assert torch.equal(mean, dense)
+
+
+# -- misuse ---------------------------------------------------------------------------------------------------
+
+
+def test_pack_dense_is_refused_where_it_cannot_apply():
+    with pytest.raises(ValueError, match="needs sync.exchange=flat, got sparse_allreduce"):
+        dgc.GradientSync(make_model(), dgc.build_compressor("dgc"), exchange="sparse_allreduce", pack_dense=True)
+    with pytest.raises(ValueError, match="dense_values=1bit"):
+        dgc.GradientSync(make_model(), dgc.build_compressor("dgc"), policy=dgc.Policy(dense_values="1bit"),
+                         pack_dense=True)  # fmt: skip
+    with pytest.raises(ValueError, match="must be true or false"):
+        SyncConfig(pack_dense="yes")
+    with pytest.raises(ValueError, match="needs sync.exchange=flat, got hierarchical"):
+        SyncConfig(pack_dense=True, exchange="hierarchical")
