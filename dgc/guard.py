@@ -14,8 +14,9 @@ import torch
 
 from dgc.comm import Comm
 
-#: what a worker can ask all workers to do at the next step boundary (:meth:`GradientSync.request`)
-REQUESTS = ("stop", "checkpoint")
+#: what a worker can ask all workers to do at the next step boundary (:meth:`GradientSync.request`): stop, write
+#: a checkpoint, or end the run as diverged (local steps, where each worker skips its own non-finite steps)
+REQUESTS = ("stop", "checkpoint", "diverged")
 
 
 class StepGuard:

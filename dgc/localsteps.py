@@ -25,10 +25,10 @@ Usage (library path; the trainer does the same with ``local_steps.every=H``)::
     inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for batch in data:
         loss(model, batch).backward()
-        if not local.before_step().skipped:     # every worker agrees: non-finite gradients, stop requests
+        if not local.before_step().skipped:     # this worker's own non-finite check: nothing is sent
             inner.step()
         inner.zero_grad()
-        local.after_step()                      # every 16th call: the exchange and the outer step
+        local.after_step()                      # every 16th call: the exchange (and the agreement on requests)
 
 Between exchanges the workers' weights differ; :meth:`LocalSteps.synced` swaps the weights last agreed on in (for
 evaluation). A checkpoint holds each worker's own weights and inner optimizer state besides :meth:`state_dict`.
@@ -118,9 +118,12 @@ class LocalSteps:
         self.rounds = 0
 
     def before_step(self) -> StepStats:
-        """Before the inner optimizer steps: every worker agrees on this step (a non-finite gradient anywhere skips
-        it everywhere, requests such as "stop" are seen by all; :meth:`GradientSync.agree`). Nothing else is sent."""
-        return self.sync.agree()
+        """Before the inner optimizer steps: this worker's own check, nothing sent (:meth:`GradientSync.check_local`):
+        a non-finite gradient skips this worker's inner step only (the others step on their own data, as they do
+        between exchanges anyway). Requests ("stop", "checkpoint") are agreed at the next exchange, the only
+        collective of a round: between regions a per-step agreement would cost 2 (N-1) message latencies every
+        step, what local steps exist to avoid."""
+        return self.sync.check_local()
 
     def after_step(self, force: bool = False) -> StepStats | None:
         """After the inner optimizer stepped: the exchange and the outer step when this is the H-th step since the

@@ -324,14 +324,23 @@ class GradientSync:
             torch._foreach_zero_(grads)
         return norms, skipped, requests, control
 
-    def agree(self) -> StepStats:
-        """The step's agreement alone, nothing exchanged (local steps, :mod:`dgc.localsteps`): whether any worker's
-        gradient is not finite (then every worker's gradients are zeroed and :attr:`StepStats.skipped` set) and what
-        any worker requested. ``dense_bytes`` is what a dense exchange of this step would have sent."""
+    def check_local(self) -> StepStats:
+        """This worker's own check, nothing sent (the inner steps of :mod:`dgc.localsteps`, where each worker steps on
+        its own): a non-finite gradient here zeroes this worker's gradients and sets :attr:`StepStats.skipped` (one
+        host read); requests wait for the next agreement (the next exchange). ``dense_bytes`` is what a dense
+        exchange of this step would have sent."""
         pairs = self._all_grads()
+        grads = [g for _, g in pairs]
         phases = Phases(cuda_sync=False)
-        _, skipped, requests, control = self._guard([g for _, g in pairs], phases, clip=False)
-        return self._finish(pairs, [], phases, control, 0, skipped, requests)
+        skipped = False
+        if self.guard.check_finite and grads:
+            with phases("compress"):
+                bad = self.guard.not_finite(list(torch._foreach_norm(grads)))
+            skipped = bool(bad)
+            if skipped:
+                torch._foreach_zero_(grads)
+        self.comm.reset_traffic()
+        return self._finish(pairs, [], phases, 0, 0, skipped, ())
 
     def sync(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> StepStats:
         """Exchange ``(param, grad)`` pairs in place; grads must be contiguous."""

@@ -49,6 +49,12 @@ def test_dense_values_in_the_message_ride_with_its_payload():
     assert fc.exchange_s(arm, near, 64) > fc.exchange_s(plain, near, 64)
 
 
+def test_the_agreement_bytes_are_the_guards_flags():
+    from dgc.guard import REQUESTS
+
+    assert fc.AGREEMENT_BYTES == 1 + len(REQUESTS)
+
+
 def test_the_projection_takes_the_number_of_workers(tmp_path, capsys):
     wire = tmp_path / "wire.json"
     names = ("none", "bf16", "powersgd", "dgc_fp16", "dgc_chunk_fp16", "diloco", "demo", "sparseloco")
@@ -70,7 +76,8 @@ def test_an_allgather_arm_by_hand():
     lengths = (n - 1) * 0.030 + (n - 1) * 8 / 125e6
     message = (n - 1) * 0.030 + (n - 1) * (arm.nbytes - rest) / 125e6
     dense_rest = 2 * (n - 1) * 0.030 + 2 * (n - 1) / n * rest / 125e6
-    assert fc.step_s(arm, p, n) == pytest.approx(W.compute_s + lengths + message + dense_rest)
+    agreement = 2 * (n - 1) * 0.030 + 2 * (n - 1) / n * 4 / 125e6  # the flags' allreduce before the exchange
+    assert fc.step_s(arm, p, n) == pytest.approx(W.compute_s + agreement + lengths + message + dense_rest)
 
 
 def test_powersgd_splits_its_payload_between_p_and_q():
@@ -91,7 +98,8 @@ def test_local_steps_send_a_whole_pseudo_gradient_every_h_steps():
     p = fc.link_profile(10.0, 0.1)
     n = 4
     ring = 2 * (n - 1) * 0.1e-3 + 2 * (n - 1) / n * DENSE / 1.25e9
-    assert fc.step_s(arm, p, n) == pytest.approx(W.compute_s + ring / h)
+    agreement = 2 * (n - 1) * 0.1e-3 + 2 * (n - 1) / n * 4 / 1.25e9  # once per exchange: inner steps send nothing
+    assert fc.step_s(arm, p, n) == pytest.approx(W.compute_s + (ring + agreement) / h)
 
 
 def test_dense_arms_are_ddp_overlapped_with_the_backward_pass():
@@ -110,8 +118,8 @@ def test_dense_arms_are_ddp_overlapped_with_the_backward_pass():
 def test_latency_decides_between_many_small_messages_and_few_large_ones():
     dgc = fc.arm_cost("DGC", "dgc", 0, 270.0)
     diloco = fc.arm_cost("DiLoCo H=64", "diloco", 64, 64.0)
-    lan, wan = fc.link_profile(10.0, 0.1), fc.link_profile(10.0, 30.0)
-    assert fc.step_s(dgc, lan) < fc.step_s(diloco, lan)  # a LAN: DGC's 0.4 MB per step beats 98 MB per 64 steps
+    lan, wan = fc.link_profile(1.0, 0.1), fc.link_profile(1.0, 30.0)
+    assert fc.step_s(dgc, lan) < fc.step_s(diloco, lan)  # a 1 Gb/s LAN: DGC's 0.4 MB per step beats 98 MB per 64
     assert fc.step_s(diloco, wan) < fc.step_s(dgc, wan)  # 30 ms per message: DGC's 3 allgathers every step lose
 
 

@@ -13,6 +13,7 @@ import dgc
 from dgc.comm import Comm
 from dgc.compressors.base import Item
 from dgc.compressors.sparseloco import dequantize2, pack2, quantize2, unpack2
+from dgc.repro.config import EXIT_DIVERGED, EXIT_INTERRUPTED
 from dgc.timing import Phases
 from tests.datafiles import write_fmnist
 from tests.multiproc import run
@@ -245,6 +246,48 @@ def test_a_non_finite_pseudo_gradient_puts_every_worker_back_on_the_synced_weigh
         assert torch.equal(p.detach(), start[n]), n
 
 
+def _one_round(rank: int, world: int) -> dict:
+    """A round of H = 4 inner steps, every torch.distributed call counted: a NaN in rank 1's inner step 1, a stop
+    asked on rank 0 at inner step 1."""
+    import torch.distributed as dist
+
+    calls = []
+    for name in ("all_reduce", "all_gather_into_tensor", "all_gather", "broadcast", "all_to_all_single"):
+        original = getattr(dist, name)
+        setattr(dist, name, lambda *a, _f=original, _n=name, **k: (calls.append(_n), _f(*a, **k))[1])
+    model = Quadratic()
+    local = dgc.LocalSteps(dgc.GradientSync(model, dgc.build_compressor("none")), 4)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = {"skipped": [], "requests": [], "calls": []}
+    for step in range(4):
+        inner.zero_grad()
+        model.loss(targets(rank, step)).backward()
+        if step == 1 and rank == 1:
+            model.w.grad.view(-1)[0] = float("nan")
+        if step == 1 and rank == 0:
+            local.sync.request("stop")
+        stats = local.before_step()
+        if not stats.skipped:
+            inner.step()
+        outer = local.after_step()
+        out["skipped"].append(stats.skipped)
+        out["requests"].append(stats.requests + (outer.requests if outer else ()))
+        out["calls"].append(len(calls))
+    out["weights"] = [p.detach().clone() for p in model.parameters()]
+    return out
+
+
+def test_inner_steps_send_nothing_and_a_rank_skips_only_its_own_non_finite_step():
+    outs = run(_one_round, 2)
+    for rank, out in enumerate(outs):
+        assert out["calls"][:3] == [0, 0, 0]  # no collective, not even the agreement, until the exchange
+        assert out["calls"][3] == 2  # the exchange: its agreement and the pseudo-gradient's allreduce
+        assert out["skipped"] == [False, rank == 1, False, False]
+        assert out["requests"] == [(), (), (), ("stop",)]  # asked at step 1, seen by both at the exchange
+    for a, b in zip(outs[0]["weights"], outs[1]["weights"], strict=True):
+        assert torch.equal(a, b) and bool(a.isfinite().all())
+
+
 # -- the trainer: presets, a resume in the middle of a round ---------------------------------------------------------
 
 
@@ -280,6 +323,24 @@ def test_a_run_killed_between_exchanges_resumes_exactly(fmnist, tmp_path):
     sent = [r["sent_bytes"] for r in records(a, "train")]
     assert [s > 0 for s in sent] == [False, False, True, False, False, True, False, True]
     assert summary["bytes_per_step"] == pytest.approx(sum(sent) / 8)
+
+
+def test_a_signal_between_exchanges_stops_every_rank_at_the_next_exchange(fmnist, tmp_path):
+    args = [*TINY, f"data.root={fmnist}", "compression=diloco", "local_steps.every=4", "data.limit=48"]
+    args += ["train.max_steps=12", f"run_dir={tmp_path / 'r'}"]
+    out = cli(args, tmp_path, nproc=2, env={"DGC_FAULTS": "term@2:1"})
+    assert out.returncode == EXIT_INTERRUPTED, out.stderr[-3000:]
+    assert "stopped at step 4" in out.stderr
+    state = load(tmp_path / "r")
+    assert state["counters"]["step"] == 4 and all(r["local_steps"]["since"] == 0 for r in state["ranks"])
+
+
+def test_a_ranks_run_of_non_finite_inner_steps_ends_every_rank_at_the_next_exchange(fmnist, tmp_path):
+    args = [*TINY, f"data.root={fmnist}", "compression=diloco", "local_steps.every=4", "data.limit=48"]
+    args += ["train.max_steps=12", "train.max_bad_steps=3", f"run_dir={tmp_path / 'r'}"]
+    out = cli(args, tmp_path, nproc=2, env={"DGC_FAULTS": "nan@1:0,nan@2:0,nan@3:0"})
+    assert out.returncode == EXIT_DIVERGED, out.stderr[-3000:]
+    assert "3 inner steps in a row had non-finite gradients on some rank (seen at the exchange of step 4)" in out.stderr
 
 
 @pytest.mark.parametrize(

@@ -315,7 +315,7 @@ def test_a_non_finite_gradient_on_one_rank_is_skipped_on_every_rank() -> None:
         for name, slot in state_before.items():  # nothing entered DGC's momenta and residuals
             for key, tensor in slot.items():
                 assert torch.equal(tensor, state_after[name][key]) and bool(tensor.isfinite().all())
-        assert out["zeroed"] and out["control_bytes"] == 3  # a byte for each flag: non-finite, stop, checkpoint
+        assert out["zeroed"] and out["control_bytes"] == 4  # a byte per flag: non-finite, stop, checkpoint, diverged
     for a, b in zip(outs[0]["final"], outs[1]["final"], strict=True):
         assert torch.equal(a, b) and bool(a.isfinite().all())
 

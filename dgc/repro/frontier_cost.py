@@ -31,9 +31,13 @@ How an arm is priced (:func:`arm_cost`, :func:`step_s`):
 * a ring allreduce of S bytes (dense, bf16, PowerSGD, DiLoCo, the values sent dense) costs ``2 (N-1)`` message
   latencies and puts ``2 (N-1)/N S`` on each worker's link; an allgather (DGC, DeMo, SparseLoCo) ``N-1`` latencies
   and receives ``(N-1) S`` (:func:`dgc.costmodel.hardware.allreduce_s`, ``allgather_s``);
+* the agreement (:mod:`dgc.guard`): every exchange through :class:`dgc.GradientSync` starts with one allreduce of
+  :data:`AGREEMENT_BYTES` flag bytes (a non-finite gradient on any worker, stop and checkpoint requests), priced
+  like any allreduce: all latency. An arm that exchanges every step pays it every step; an arm of local steps once
+  per exchange (its inner steps send nothing, :meth:`dgc.LocalSteps.before_step`); the DDP arms none (DDP as users
+  run it agrees on nothing);
 * left out, alike for every arm: the compressors' own GPU work (DGC's is under 1 ms per step on an H100 by
-  :mod:`dgc.costmodel.hardware`; DeMo's DCT is not measured on a GPU here) and the trainer's one 8-byte allreduce
-  per step that agrees on non-finite gradients.
+  :mod:`dgc.costmodel.hardware`; DeMo's DCT is not measured on a GPU here).
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ COLLECTIVES: dict[str, tuple[str, ...]] = {
     "dgc_chunk": ("allgather", "rest"), "demo": ("allgather",), "sparseloco": ("allgather", "rest"),
 }  # fmt: skip
 
+
+#: the agreement's allreduce before every exchange: a byte per flag (non-finite, and each of dgc.guard.REQUESTS)
+AGREEMENT_BYTES = 4
 
 #: wire-bench configurations the frontier table does not run, priced by the bench-only projection beside its arms
 #: (no accuracy): what DGC's step would be in one collective, every tensor (biases, BatchNorm too) in its chunk
@@ -102,6 +109,11 @@ class ArmCost:
     kind: str
     #: where ``nbytes`` comes from: the wire bench's configuration of that name on ResNet-50, or "" (the ratio)
     bench: str = ""
+
+    @property
+    def agreements(self) -> float:
+        """The agreement's allreduces per step: one per exchange, none for DDP."""
+        return 0.0 if self.kind == "ddp" else 1.0 / self.every
 
 
 def collectives_of(compression: str, overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -178,7 +190,8 @@ def step_s(arm: ArmCost, p: Profile, workers: int = WORKERS, w: Workload = hardw
     if arm.kind == "ddp":
         method = "ddp_bf16" if arm.compression == "bf16" else "ddp_fp32"
         return hardware.step_s(p, w, method, workers)["step_s"]
-    return w.compute_s + exchange_s(arm, p, workers) / arm.every
+    agree = arm.agreements * hardware.allreduce_s(p, AGREEMENT_BYTES, workers)
+    return w.compute_s + exchange_s(arm, p, workers) / arm.every + agree
 
 
 def projection(arms: list[ArmCost], workers: int = WORKERS, w: Workload = hardware.RESNET50) -> dict[str, Any]:
@@ -266,8 +279,9 @@ def to_markdown(title: str, headline: str, priced: list[tuple[dict[str, Any], Ar
         "the configuration with the arm's compression settings, at their final density); * where the bench has no "
         "such configuration: ResNet-50's fp32 gradient over the arm's wire ratio measured on this table's runs "
         "(ResNet-20, warm-up included). Dense fp32 and bf16 as DDP overlaps them "
-        "with the backward pass, every other arm after the backward pass, as the trainer runs it; an exchange of H "
-        "local steps spread over its H steps. The model and what it leaves out: `dgc/repro/frontier_cost.py`.",
+        "with the backward pass, every other arm after the backward pass, as the trainer runs it, each exchange after "
+        f"the workers' agreement (one allreduce of {AGREEMENT_BYTES} bytes); an exchange of H local steps spread over "
+        "its H steps. The model and what it leaves out: `dgc/repro/frontier_cost.py`.",
         "", f"Made by `{command}`.",
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -401,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 __all__ = [
-    "COLLECTIVES", "KEEPS", "LATENCIES_MS", "LINKS_GBPS", "WORKERS", "ArmCost", "FrontierCostError",
+    "AGREEMENT_BYTES", "COLLECTIVES", "KEEPS", "LATENCIES_MS", "LINKS_GBPS", "WORKERS", "ArmCost", "FrontierCostError",
     "WHAT_IF", "arm_cost", "arms_of", "bench_bytes", "bench_name", "collectives_of",
     "exchange_s", "fastest", "frontier", "link_profile", "outputs",
     "projection", "step_s", "wire_bench",

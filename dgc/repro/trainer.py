@@ -15,7 +15,9 @@ Unattended runs: SIGTERM or SIGUSR1 on any rank makes every rank stop at the sam
 after a checkpoint (:class:`Interrupted`); checkpoints are also written every
 ``train.checkpoint_every`` steps and every ``train.checkpoint_minutes``; a step with a non-finite
 gradient on any rank is skipped on all of them, and ``train.max_bad_steps`` in a row end the run
-(:class:`Diverged`).
+(:class:`Diverged`). With local steps nothing is agreed between exchanges: a rank skips its own non-finite inner
+steps, and signals, checkpoint requests and a rank's ``train.max_bad_steps`` are seen by every rank at the next
+exchange.
 """
 
 from __future__ import annotations
@@ -243,6 +245,12 @@ class Trainer:
         self.files.finish(summary)
         return summary
 
+    def _diverged(self, steps: str, where: str) -> str:
+        n = self.cfg.train.max_bad_steps
+        return (f"{n} {steps} had non-finite gradients {where} and were skipped (train.max_bad_steps={n}): "
+                "the run diverged; lower optim.lr, or check the data; the last checkpoint holds the last good "
+                "state")  # fmt: skip
+
     def _stopped(self) -> str:
         why = f"on {self.stop_signal}" if self.stop_signal else "on another rank's signal"
         return f"stopped at step {self.step} {why}; checkpoint saved in {self.files.run_dir}: run again to continue"
@@ -305,15 +313,17 @@ class Trainer:
         self.batch += acc
         self._stopping |= "stop" in stats.requests
         self._checkpoint_requested |= "checkpoint" in stats.requests
+        if "diverged" in stats.requests:  # local steps: some rank's own streak, seen by all at this exchange
+            raise Diverged(
+                self._diverged("inner steps in a row", f"on some rank (seen at the exchange of step {self.step})")
+            )
         if stats.skipped or outer_skipped:
             self.totals["skipped"] += 1
             self.totals["bad_streak"] += 1
-            if self.totals["bad_streak"] >= cfg.train.max_bad_steps:
-                raise Diverged(
-                    f"{self.totals['bad_streak']} steps in a row (to step {self.step}) had non-finite gradients on "
-                    f"some rank and were skipped (train.max_bad_steps={cfg.train.max_bad_steps}): the run diverged; "
-                    "lower optim.lr, or check the data; the last checkpoint holds the last good state"
-                )
+            if self.totals["bad_streak"] == cfg.train.max_bad_steps and self.local is not None:
+                self.sync.request("diverged")  # this rank's own inner steps: every rank ends at the next exchange
+            elif self.totals["bad_streak"] >= cfg.train.max_bad_steps and self.local is None:
+                raise Diverged(self._diverged(f"steps in a row (to step {self.step})", "on some rank"))
         else:
             self.totals["bad_streak"] = 0
             # the wire ratio counts steps that sent gradients: not the skipped ones
