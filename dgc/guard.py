@@ -40,11 +40,21 @@ class StepGuard:
             return None
         return (torch.stack(norms) < math.inf).logical_not_().any()
 
-    def agree(self, bad: torch.Tensor | None) -> tuple[bool, tuple[str, ...]]:
-        """Whether any worker's gradient was not finite, and what any worker requested (one small MAX)."""
-        device = self.comm.device
+    def flags(self, bad: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        """This worker's flags on ``device``: non-finite (``bad``), then one per request (uint8, 0 or 1); the requests
+        are taken (the next flags start without them)."""
         requested = torch.tensor([r in self._requested for r in REQUESTS], dtype=torch.uint8, device=device)
         self._requested.clear()
         flag = torch.zeros(1, dtype=torch.uint8, device=device) if bad is None else bad.to(device, torch.uint8).view(1)
-        agreed = self.comm.allreduce_max_(torch.cat([flag, requested])).tolist()
-        return bool(agreed[0]), tuple(r for r, f in zip(REQUESTS, agreed[1:]) if f)  # one host sync for all
+        return torch.cat([flag, requested])
+
+    @staticmethod
+    def read(agreed: torch.Tensor) -> tuple[bool, tuple[str, ...]]:
+        """Whether any worker's gradient was not finite, and what any worker requested, from the workers' flags
+        reduced by maximum or mean (a flag above 0: some worker raised it). One host read."""
+        values = agreed.tolist()
+        return values[0] > 0, tuple(r for r, f in zip(REQUESTS, values[1:]) if f > 0)
+
+    def agree(self, bad: torch.Tensor | None) -> tuple[bool, tuple[str, ...]]:
+        """Whether any worker's gradient was not finite, and what any worker requested (one small MAX)."""
+        return self.read(self.comm.allreduce_max_(self.flags(bad, self.comm.device)))

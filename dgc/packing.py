@@ -1,28 +1,34 @@
-"""The values left dense (biases, BatchNorm) sent inside the compressor's own message: one collective fewer a step.
+"""What else a step sends, carried inside the compressor's own message: one or two collectives fewer a step.
 
-A sparse method exchanges its selection in one allgather, and the tensors its policy leaves dense in an allreduce
-of their own (:func:`dgc.compressors.dense.allreduce_dense`). Each collective costs at least one network latency
-per hop: a ring allreduce ``2 (N-1)``, an allgather ``N-1``. Between regions (tens of ms a message) that latency,
-not the bytes, is the step: the projection of ``results/cpu-frontier-projection.md`` prices DGC's separate
-allreduce at about 180 of its 270 ms of exchange on 4 workers at 30 ms.
+A sparse method exchanges its selection in one allgather; the tensors its policy leaves dense go in an allreduce of
+their own (:func:`dgc.compressors.dense.allreduce_dense`), and before either the workers agree in one more small
+allreduce on whether any gradient is not finite and what was requested (:mod:`dgc.guard`). Each collective costs
+at least one network latency per hop: a ring allreduce ``2 (N-1)``, an allgather ``N-1``. Between regions (tens of
+ms a message) that latency, not the bytes, is the step: ``results/bench/frontier-projection.md`` prices each of the
+two allreduces at 180 ms on 4 workers at 30 ms.
 
-:func:`carry_dense` rewrites a compressor's :meth:`~dgc.compressors.base.Compressor.steps` so that the dense values
-ride in its first collective that can carry them, and every worker averages them from what it receives:
+``sync.pack`` (:class:`~dgc.sync.GradientSync`'s ``pack``): ``dense`` carries the dense values in the compressor's
+collectives, ``all`` the agreement's flags too. :func:`carry_rider` rewrites a compressor's
+:meth:`~dgc.compressors.base.Compressor.steps` so that the :class:`Rider` (the dense values, then the flags as
+values 0 or 1 of the same dtype) goes in its first collective that can carry it, and every worker averages it from
+what it receives:
 
-* :class:`~dgc.collectives.AllgatherBytes` (DGC's and top-k's variable-length message): the dense values' bytes
-  go first in each worker's message; the compressor gets the rows without them;
+* :class:`~dgc.collectives.AllgatherBytes` (DGC's and top-k's variable-length message): the rider's bytes go first
+  in each worker's message; the compressor gets the rows without them;
 * :class:`~dgc.collectives.Allgather` (chunk selection, DeMo, SparseLoCo, QSGD, TernGrad's codes): the same, in
   bytes, whatever the message's dtype; every worker sums the N copies in worker order (float32) and divides by N;
-* :class:`~dgc.collectives.AllreduceMean` of the dense values' dtype (PowerSGD's P): appended to the tensor;
-* anything else (TernGrad's maximum) is passed through; a compressor that yields no carrier gets the dense values'
-  own allreduce after its last collective, as without packing.
+* :class:`~dgc.collectives.AllreduceMean` of the rider's dtype (PowerSGD's P): appended to the tensor;
+* anything else (TernGrad's maximum) is passed through; a compressor that yields no carrier gets the rider's own
+  allreduce after its last collective.
 
 The average is the same as the allreduce's up to rounding (a sum in another order), and every worker computes it
-from the same rows in the same order, so the workers agree exactly. The bytes a worker sends are the same; what it
-receives grows: an allgather brings the other ``N-1`` copies of the dense values (a ring allreduce about 2), so
-packing pays where latency dominates (few workers, long links) and not on a fast LAN with many workers
-(docs/performance.md). Only the ``flat`` exchange packs (``sync.pack_dense``); every tensor stays on the
-gradients' device and no host value is read beyond those the carrier already reads.
+from the same rows in the same order, so the workers agree exactly; a flag's average is above 0 where any worker
+raised it. The bytes a worker sends are the same; what it receives grows: an allgather brings the other ``N-1``
+copies of the dense values (a ring allreduce about 2), so packing pays where latency dominates (few workers, long
+links) and not on a slow LAN with many workers (docs/performance.md). With the agreement in the message the step
+runs before the workers have agreed on it: :class:`~dgc.sync.GradientSync` copies the compression state first and
+puts it back on every worker when any gradient was not finite. Only the ``flat`` exchange packs; every tensor stays
+on the gradients' device, and the flags are read on the host once, after the exchange, as the agreement's are.
 """
 
 from __future__ import annotations
@@ -88,32 +94,54 @@ def carry(op: Collective, dense: torch.Tensor) -> tuple[Collective, Callable[[An
     return None
 
 
-def carry_dense(steps: Steps, items: list[Item], dtype: torch.dtype, bucket: Bucket, phases: Phases,
-                fallback: Callable[[], Collective]) -> Steps:  # fmt: skip
-    """``steps`` (a compressor's) with the average of ``items``' gradients (the values left dense, sent in ``dtype``
-    and gathered in ``bucket``) carried in their first collective that can carry them (see the module docstring);
-    ``fallback()``: the dense values' own collective, yielded after the last one when none could."""
-    with phases("compress"):
-        dense = bucket.gather(items).to(dtype)
+class Rider:
+    """What rides in the step's first collective that can carry it: the values left dense (``items``, sent in
+    ``dtype`` through ``bucket``; their average is written into their gradients) and, with ``sync.pack=all``, the
+    agreement's flags (:mod:`dgc.guard`: 0 or 1 each; :attr:`agreed` holds their mean over the workers, on the
+    device, once they have travelled: above 0 where any worker raised one)."""
+
+    def __init__(self, items: list[Item], dtype: torch.dtype, bucket: Bucket | None, flags: torch.Tensor | None,
+                 phases: Phases) -> None:  # fmt: skip
+        self.items, self.bucket, self.phases = items, bucket, phases
+        with phases("compress"):
+            parts = [bucket.gather(items).to(dtype)] if items and bucket is not None else []
+            if flags is not None:
+                parts.append(flags.to(dtype))
+            self.tensor = torch.cat(parts) if len(parts) > 1 else parts[0]
+        self.dense_numel = sum(it.grad.numel() for it in items)
+        self.agreed: torch.Tensor | None = None
+
+    def land(self, mean: torch.Tensor) -> None:
+        """The average of every worker's rider: the dense values into their gradients, the flags kept."""
+        with self.phases("decompress"):
+            if self.items and self.bucket is not None:
+                self.bucket.scatter(self.items, mean[: self.dense_numel])
+            if mean.numel() > self.dense_numel:
+                self.agreed = mean[self.dense_numel :]
+
+
+def carry_rider(steps: Steps, rider: Rider) -> Steps:
+    """``steps`` (a compressor's) with ``rider`` carried in their first collective that can carry it (see the module
+    docstring); an allreduce of its own after their last collective when none could."""
     carried = False
     try:
         op: Collective | None = next(steps)
     except StopIteration:
         op = None
     while op is not None:
-        packed = None if carried else carry(op, dense)
+        packed = None if carried else carry(op, rider.tensor)
         if packed is None:
             result = yield op
         else:
             outer, split = packed
             got = yield outer
-            with phases("decompress"):
+            with rider.phases("decompress"):
                 result, mean = split(got)
-                bucket.scatter(items, mean)
+            rider.land(mean)
             carried = True
         try:
             op = steps.send(result)
         except StopIteration:
             op = None
     if not carried:
-        yield fallback()
+        rider.land((yield AllreduceMean(rider.tensor)))

@@ -54,6 +54,7 @@ from dgc.compressors.base import Item
 from dgc.compressors.onebit import OneBit
 from dgc.exchanges import Exchange, build_exchange
 from dgc.guard import REQUESTS, StepGuard
+from dgc.packing import Rider
 from dgc.policy import Policy
 from dgc.stats import StepStats
 from dgc.timing import Phases
@@ -75,17 +76,25 @@ def check_clip_norm(clip_norm: Any) -> None:
         raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}")
 
 
-def check_pack_dense(pack_dense: Any, exchange: str, dense_values: str) -> None:
-    """ValueError unless ``pack_dense`` is a bool the exchange and the dense values' format allow."""
-    if not isinstance(pack_dense, bool):
-        raise ValueError(f"sync.pack_dense must be true or false, got {pack_dense!r}")
-    if pack_dense and exchange != "flat":
-        raise ValueError(f"sync.pack_dense=true needs sync.exchange=flat, got {exchange} (it sends the dense values "
-                         "its own way)")  # fmt: skip
-    if pack_dense and dense_values == "1bit":
-        raise ValueError("sync.pack_dense=true sends the dense values as they are: not with "
+#: ``pack``: what else travels in the compressor's own message (:mod:`dgc.packing`)
+PACKS = ("none", "dense", "all")
+
+
+def check_pack(pack: Any, exchange: str, dense_values: str, overlap: bool) -> None:
+    """ValueError unless ``pack`` is one of :data:`PACKS` that the exchange, the dense values' format and the
+    overlap allow."""
+    if pack not in PACKS:
+        raise ValueError(f"sync.pack must be one of {', '.join(PACKS)}, got {pack!r}")
+    if pack != "none" and exchange != "flat":
+        raise ValueError(f"sync.pack={pack} needs sync.exchange=flat, got {exchange} (it sends the dense values its "
+                         "own way)")  # fmt: skip
+    if pack != "none" and dense_values == "1bit":
+        raise ValueError(f"sync.pack={pack} sends the dense values as they are: not with "
                          "sync.policy.dense_values=1bit (1-bit keeps residuals of its own); "
                          "use fp32, fp16 or bf16")  # fmt: skip
+    if pack == "all" and overlap:
+        raise ValueError("sync.pack=all carries the step's agreement in the compressor's message, but the overlapped "
+                         "exchange agrees bucket by bucket: use sync.pack=dense with sync.overlap=true")  # fmt: skip
 
 
 #: ``clip_scope``: what local clipping bounds (GradientSync's docstring)
@@ -189,10 +198,13 @@ class GradientSync:
             serial exchange only); ``"tensor"``: each tensor is clipped on its own, to its share of the same bound,
             ``clip_norm * N**0.5 * (numel / total numel)**0.5`` (a gradient whose every tensor is at its bound has
             exactly the whole-gradient bound); ``"auto"``: ``tensor`` with ``overlap``, ``step`` otherwise.
-        pack_dense: send the values the policy leaves dense (biases, BatchNorm) inside the compressor's own message
-            instead of in an allreduce of their own: one collective (and its latencies) fewer per step, the same
-            average up to rounding, more bytes received where the compressor allgathers (:mod:`dgc.packing`).
-            ``flat`` exchange only; not with ``policy.dense_values="1bit"``.
+        pack: what else travels in the compressor's own message (:mod:`dgc.packing`): ``"none"``; ``"dense"``: the
+            values the policy leaves dense (biases, BatchNorm), instead of in an allreduce of their own (one
+            collective fewer per step, the same average up to rounding, more bytes received where the compressor
+            allgathers); ``"all"``: those and the step's agreement (non-finite gradients, requests), instead of in an
+            allreduce before the step (one more collective fewer; the compression state of the step is copied first
+            and put back when any worker's gradient was not finite). ``flat`` exchange only; not with
+            ``policy.dense_values="1bit"``; ``"all"`` not with ``overlap``.
     """
 
     def __init__(
@@ -212,7 +224,7 @@ class GradientSync:
         accumulate: str = "gradients",
         overlap: bool = False,
         clip_scope: str = "auto",
-        pack_dense: bool = False,
+        pack: str = "none",
     ):
         named = model.named_parameters() if isinstance(model, torch.nn.Module) else model
         self.params: list[tuple[str, torch.nn.Parameter]] = [(n, p) for n, p in named if p.requires_grad]
@@ -242,9 +254,9 @@ class GradientSync:
         )
         if not compressor.handles_all_tensors or self.exchange.name != "flat":
             self.exchange.check(compressor)
-        check_pack_dense(pack_dense, self.exchange.name, self.policy.dense_values)
-        #: the values left dense travel in the compressor's message (:mod:`dgc.packing`)
-        self.pack_dense = pack_dense
+        check_pack(pack, self.exchange.name, self.policy.dense_values, self.overlap)
+        #: what else travels in the compressor's message: none, dense (values), all (and the agreement)
+        self.pack = pack
         #: why the exchange was chosen (SyncConfig with exchange=auto), empty otherwise
         self.exchange_reason = ""
         #: the exchange of the tensors left dense, when it keeps state (1-bit with error feedback)
@@ -259,6 +271,8 @@ class GradientSync:
         #: whether load_state_dict restored this sync's state (dgc.SGD warns on a resume without it)
         self.restored = False
         self.guard = StepGuard(self.comm, check_finite)
+        #: with ``pack="all"``: the agreement's flags averaged over the workers, once they have travelled
+        self._agreed: torch.Tensor | None = None
         self._epoch_set = False
 
     # -- configuration -------------------------------------------------------------
@@ -357,6 +371,8 @@ class GradientSync:
             self._warn_no_epoch()
         phases = Phases(cuda_sync=self.timing and any(g.is_cuda for _, g in pairs))
         grads = [g for _, g in pairs]
+        if self.pack == "all" and any(self.is_compressed(p) for p, _ in pairs):
+            return self._sync_in_one(pairs, grads, phases)
         norms, skipped, requests, control = self._guard(grads, phases, clip=bool(self.clip_norm))
         if skipped:
             return self._finish(pairs, [], phases, control, 0, skipped, requests)
@@ -365,6 +381,35 @@ class GradientSync:
             compressed, dense = self._prepare(pairs)
         dense_sent = self._exchange(compressed, dense, phases)
         return self._finish(pairs, compressed, phases, control, dense_sent, skipped, requests)
+
+    def _sync_in_one(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], grads: list[torch.Tensor],
+                     phases: Phases) -> StepStats:  # fmt: skip
+        """``pack="all"``: the step's agreement rides in the compressor's message with the dense values. So the step
+        runs before the workers agree on it: its compression state is copied first and put back, on every worker,
+        when any worker's gradient was not finite (a non-finite gradient here still goes through the compressor:
+        the step is undone everywhere, as :meth:`end` undoes an overlapped one)."""
+        self.comm.phases = phases
+        self.comm.reset_traffic()
+        device = grads[0].device
+        with phases("compress"):
+            clip = bool(self.clip_norm)
+            norms = list(torch._foreach_norm(grads)) if self.guard.check_finite or clip else []
+            flags = self.guard.flags(self.guard.not_finite(norms), device)
+            self._clip(grads, norms)
+            compressed, dense = self._prepare(pairs)
+            before = None
+            if self.guard.check_finite:
+                before = OpenStep(phases, extra=[(c, c.extra_state()) for c in self._compressors()])
+                before.save(self._compressors(), [it.name for it in compressed])
+        dtype = DTYPES.get(self.policy.dense_values, torch.float32)
+        dense_sent = self._exchange(compressed, dense, phases, flags)
+        skipped, requests = self.guard.read(self._agreed)
+        if skipped:
+            if before is not None:
+                before.restore()
+            torch._foreach_zero_(grads)
+        control = flags.numel() * dtype.itemsize
+        return self._finish(pairs, [] if skipped else compressed, phases, control, dense_sent, skipped, requests)
 
     def _prepare(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[Item], list[Item]]:
         """The items of the compressed and of the dense tensors; weight decay added where the compressor keeps the
@@ -383,14 +428,19 @@ class GradientSync:
                 torch._foreach_add_(grads_of, params_of, alpha=weight_decay)
         return compressed, dense
 
-    def _exchange(self, compressed: list[Item], dense: list[Item], phases: Phases) -> int:
-        """Exchange the dense, then the compressed tensors (with ``pack_dense``: in the compressor's collectives),
-        their averages written into their gradients; returns the bytes of the dense values sent (traffic counted
-        from zero before it)."""
+    def _exchange(self, compressed: list[Item], dense: list[Item], phases: Phases,
+                  flags: torch.Tensor | None = None) -> int:  # fmt: skip
+        """Exchange the dense, then the compressed tensors (with ``pack``: the dense values, and ``flags`` (the
+        agreement's) when given, in the compressor's collectives; their mean over the workers is left in
+        :attr:`_agreed`), their averages written into their gradients; returns the bytes of the dense values sent
+        (traffic counted from zero before it)."""
         dtype = DTYPES.get(self.policy.dense_values, torch.float32)
-        if self.pack_dense and dense and compressed:
+        if self.pack != "none" and compressed and (dense or flags is not None):
+            bucket = self.exchange.buckets.of("dense", dense) if dense else None
+            rider = Rider(dense, dtype, bucket, flags, phases)
             rates = self._scale_by_rate(compressed, phases)
-            self.exchange.run_packed(self.compressor, compressed, dense, phases, dtype)
+            self.exchange.run_packed(self.compressor, compressed, rider)
+            self._agreed = rider.agreed
             dense_sent = sum(it.grad.numel() for it in dense) * dtype.itemsize
         else:
             if self.dense_compressor is not None:

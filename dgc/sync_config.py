@@ -10,7 +10,7 @@ from dgc.compressors import Compressor
 from dgc.exchanges import EXCHANGES
 from dgc.localbus import LOCAL_BUSES
 from dgc.policy import Policy
-from dgc.sync import GradientSync, check_accumulate, check_clip_norm, check_pack_dense, resolve_clip_scope
+from dgc.sync import GradientSync, check_accumulate, check_clip_norm, check_pack, resolve_clip_scope
 
 
 @dataclass
@@ -38,9 +38,10 @@ class SyncConfig:
     #: what the compressor's momentum and residual accumulate: gradients (the paper's), or updates: gradients
     #: times the learning rate of their step (what waits keeps its rate when the rate drops; needs dgc.SGD)
     accumulate: str = "gradients"
-    #: send the values left dense (biases, BatchNorm) in the compressor's own message, not an allreduce of their
-    #: own: one collective fewer per step (flat exchange only; pays where message latency dominates, dgc.packing)
-    pack_dense: bool = False
+    #: what else travels in the compressor's own message (flat exchange only; dgc.packing): none; dense (the values
+    #: left dense: one collective fewer per step, pays where message latency dominates); all (those and the step's
+    #: agreement: one more fewer, the step's compression state copied in case a worker's gradient is not finite)
+    pack: str = "none"
     #: exchange=auto: the network rate per machine (a tc rate: 1gbit, 10gbit, 25gbit)
     bandwidth: str = "1gbit"
     #: exchange=auto: the report of ``python -m dgc.bench costmodel`` (make bench-cluster writes this one)
@@ -60,7 +61,7 @@ class SyncConfig:
         check_accumulate(self.accumulate)
         resolve_clip_scope(self.clip_scope, self.overlap, self.clip_norm)
         if self.exchange != "auto":
-            check_pack_dense(self.pack_dense, self.exchange, self.policy.dense_values)
+            check_pack(self.pack, self.exchange, self.policy.dense_values, self.overlap)
         if self.overlap and not self.ddp_hook:
             raise ValueError("sync.overlap=true needs sync.ddp_hook=true: the overlap runs in DDP's communication "
                              "hook, bucket by bucket")  # fmt: skip
@@ -72,7 +73,7 @@ class SyncConfig:
         sync = GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
                             exchange=exchange, ranks_per_node=self.ranks_per_node,
                             local_bus=self.local_bus, accumulate=self.accumulate, overlap=self.overlap,
-                            clip_scope=self.clip_scope, pack_dense=self.pack_dense)  # fmt: skip
+                            clip_scope=self.clip_scope, pack=self.pack)  # fmt: skip
         sync.exchange_reason = reason
         return sync
 

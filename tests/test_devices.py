@@ -70,9 +70,9 @@ def _every_path(rank: int, world: int, plant: bool) -> list[str]:
             ("dgc", {"density": 0.05}),
             ("dgc", {"density": 0.05, "selection": "chunk"}),
             ("powersgd", {"rank": 2}),
-        ]:  # the dense values in the compressor's message
+        ]:  # the dense values and the agreement in the compressor's message
             model = make_model()
-            train(model, dgc.GradientSync(model, dgc.build_compressor(name, **options), pack_dense=True), rank, 3)
+            train(model, dgc.GradientSync(model, dgc.build_compressor(name, **options), pack="all"), rank, 3)
         model = make_model()  # a non-finite gradient, then a stop request; a state_dict round trip
         sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.05), clip_norm=1.0)
         train(model, sync, rank, 4, poison_at=1)

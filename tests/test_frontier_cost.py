@@ -38,10 +38,11 @@ def test_every_tensor_in_the_chunk_message_is_one_allgather_and_nothing_dense():
 
 def test_dense_values_in_the_message_ride_with_its_payload():
     for compression, before in (("dgc", ("lengths", "allgather")), ("dgc_chunk", ("allgather",))):
-        overrides = ("compression.wire_values=fp16", "sync.pack_dense=true")
-        arm = fc.arm_cost("packed", compression, 0, 0.0, measured=("x", 300_000.0), overrides=overrides)
-        assert (arm.collectives, arm.rest_bytes) == (before, 0.0)
-    arm = fc.arm_cost("packed", "dgc_chunk", 0, 0.0, measured=("x", 300_000.0), overrides=("sync.pack_dense=true",))
+        for pack in ("dense", "all"):
+            overrides = ("compression.wire_values=fp16", f"sync.pack={pack}")
+            arm = fc.arm_cost("packed", compression, 0, 0.0, measured=("x", 300_000.0), overrides=overrides)
+            assert (arm.collectives, arm.rest_bytes, arm.agreements) == (before, 0.0, float(pack == "dense"))
+    arm = fc.arm_cost("packed", "dgc_chunk", 0, 0.0, measured=("x", 300_000.0), overrides=("sync.pack=dense",))
     plain = fc.arm_cost("plain", "dgc_chunk", 0, 0.0, measured=("x", 300_000.0))
     far, near = fc.link_profile(1.0, 30.0), fc.link_profile(1.0, 0.1)
     # 6 latencies fewer between regions; on a 1 Gb/s LAN with many workers the allgathered dense values cost more

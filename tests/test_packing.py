@@ -1,7 +1,10 @@
-"""sync.pack_dense (dgc.packing): the values left dense travel in the compressor's own message, on real gloo ranks.
+"""sync.pack (dgc.packing): the values left dense, and the agreement, travel in the compressor's own message, on real
+gloo ranks.
 
 Packed and unpacked from the same start must train to the same weights (up to rounding: the dense average is a sum
-in another order), agree exactly across ranks, send the same bytes, and issue one collective fewer per step."""
+in another order), agree exactly across ranks, send the same bytes, and issue one (``dense``) or two (``all``)
+collectives fewer per step; with the agreement in the message a non-finite gradient on one rank still skips the step
+on every rank with nothing changed."""
 
 from __future__ import annotations
 
@@ -30,41 +33,70 @@ CASES = {name: (name, {}) for name in dgc.COMPRESSORS} | {
 }  # fmt: skip
 
 
-def _train(rank: int, name: str, options: dict, pack: bool, steps: int = 6, ddp_buckets_mb: float | None = None,
+#: every torch.distributed collective a worker calls (counted by :func:`_count_calls`)
+CALLS: list[str] = []
+
+
+def _count_calls() -> None:
+    import torch.distributed as dist
+
+    for name in ("all_reduce", "all_gather_into_tensor", "all_gather", "broadcast", "all_to_all_single"):
+        original = getattr(dist, name)
+        if not hasattr(original, "counted"):
+            counted = lambda *a, _f=original, _n=name, **k: (CALLS.append(_n), _f(*a, **k))[1]  # noqa: E731
+            counted.counted = True
+            setattr(dist, name, counted)
+
+
+def _train(rank: int, name: str, options: dict, pack: str, steps: int = 6, ddp_buckets_mb: float | None = None,
            **sync_kw):  # fmt: skip
+    _count_calls()
     model = make_model()
-    sync = dgc.GradientSync(model, dgc.build_compressor(name, **options), pack_dense=pack, **sync_kw)
+    sync = dgc.GradientSync(model, dgc.build_compressor(name, **options), pack=pack, **sync_kw)
     opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    start = len(CALLS)
     losses, stats = train_loop(rank, model, sync, opt, steps, ddp_buckets_mb)
-    return params(model), losses, [(s.sent_bytes, s.dense_sent_bytes, s.collectives) for s in stats]
+    calls = len(CALLS) - start
+    return params(model), losses, [(s.sent_bytes, s.dense_sent_bytes, s.collectives) for s in stats], calls
 
 
-def _both(rank: int, world: int, labels: list[str], sync_kw: dict) -> dict:
+def _both(rank: int, world: int, labels: list[str], sync_kw: dict, pack: str = "dense") -> dict:
     out = {}
     for label in labels:
         name, options = CASES[label]
-        out[label] = (_train(rank, name, options, False, **sync_kw), _train(rank, name, options, True, **sync_kw))
+        out[label] = (_train(rank, name, options, "none", **sync_kw), _train(rank, name, options, pack, **sync_kw))
     return out
 
 
-def _check(outs: list[dict], fewer: int | None) -> None:
+def _check(outs: list[dict], fewer: int | None, agreement: bool = False) -> None:
     """Packed trained like plain on every rank, with the same bytes and ``fewer`` collectives a step (None: never more,
-    and fewer in all)."""
+    and fewer in all); ``agreement``: the packed run's agreement rode in the message too (one allreduce fewer a
+    step, outside the collectives the stats count, and its flag bytes in the message)."""
     for name in outs[0]:
         for rank_out in outs:
-            (plain_w, plain_loss, plain_stats), (packed_w, packed_loss, packed_stats) = rank_out[name]
+            (plain_w, plain_loss, plain_stats, plain_calls), (packed_w, packed_loss, packed_stats, packed_calls) = (
+                rank_out[name]
+            )
             for a, b in zip(plain_w, packed_w, strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
             assert packed_loss == pytest.approx(plain_loss, rel=1e-5), name
-            compressed = not dgc.COMPRESSORS[CASES[name][0]].handles_all_tensors
+            # the policy leaves tensors dense but for the compressors of every tensor; the dense allreduces carry
+            # nothing (their agreement goes in an allreduce after them: no fewer collectives, one more in the stats)
+            rest = not dgc.COMPRESSORS[CASES[name][0]].handles_all_tensors
+            carrier = CASES[name][0] not in ("none", "fp16", "bf16")
+            flags = 4 * 4 if agreement else 0  # the agreement's flags, as fp32 values in the message
             for (sent, dense, calls), (p_sent, p_dense, p_calls) in zip(plain_stats, packed_stats, strict=True):
-                assert (p_sent, p_dense) == (sent, dense), name  # the same bytes go out, the dense ones in the message
+                assert (p_sent, p_dense) == (sent + flags, dense), name  # the same bytes, the dense in the message
                 if fewer is None:
                     assert p_calls <= calls, name
                 else:
-                    assert p_calls == calls - (fewer if compressed else 0), name
+                    assert p_calls == calls - (fewer if rest else 0) + (agreement and not carrier), name
             if fewer is None:
                 assert sum(s[2] for s in packed_stats) < sum(s[2] for s in plain_stats), name
+            else:  # what reached torch.distributed: the stats' collectives, and the agreement
+                steps = len(plain_stats)
+                fewer_calls = (fewer if rest else 0) + (agreement and carrier)
+                assert packed_calls == plain_calls - steps * fewer_calls, name
         first = outs[0][name][1][0]
         for other in outs[1:]:  # the packed average is the same sum on every rank: the replicas agree exactly
             assert all(torch.equal(a, b) for a, b in zip(first, other[name][1][0])), name
@@ -73,6 +105,11 @@ def _check(outs: list[dict], fewer: int | None) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_packing_trains_like_the_separate_allreduce_with_one_collective_fewer(world):
     _check(run(_both, world, sorted(CASES), {}), fewer=1)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_packing_the_agreement_too_leaves_one_collective_a_step(world):
+    _check(run(_both, world, sorted(CASES), {}, "all"), fewer=1, agreement=True)
 
 
 def test_packing_dense_values_in_16_bits_and_with_updates():
@@ -114,7 +151,7 @@ class _MaxOnly(Compressor):
 
 def _max_only(rank: int, world: int) -> tuple[list[torch.Tensor], int]:
     model = make_model()
-    sync = dgc.GradientSync(model, _MaxOnly(_MaxOnlyConfig()), pack_dense=True)
+    sync = dgc.GradientSync(model, _MaxOnly(_MaxOnlyConfig()), pack="dense")
     opt = dgc.SGD(model.parameters(), sync, lr=0.05)
     _, stats = train_loop(rank, model, sync, opt, 1)
     return [p.grad.clone() for p in model.parameters()], stats[0].collectives
@@ -156,13 +193,15 @@ def test_carry_splits_the_rows_back_into_the_message_and_the_mean():
 # -- misuse ---------------------------------------------------------------------------------------------------
 
 
-def test_pack_dense_is_refused_where_it_cannot_apply():
-    with pytest.raises(ValueError, match="needs sync.exchange=flat, got sparse_allreduce"):
-        dgc.GradientSync(make_model(), dgc.build_compressor("dgc"), exchange="sparse_allreduce", pack_dense=True)
+def test_pack_is_refused_where_it_cannot_apply():
+    with pytest.raises(ValueError, match="sync.pack=dense needs sync.exchange=flat, got sparse_allreduce"):
+        dgc.GradientSync(make_model(), dgc.build_compressor("dgc"), exchange="sparse_allreduce", pack="dense")
     with pytest.raises(ValueError, match="dense_values=1bit"):
         dgc.GradientSync(make_model(), dgc.build_compressor("dgc"), policy=dgc.Policy(dense_values="1bit"),
-                         pack_dense=True)  # fmt: skip
-    with pytest.raises(ValueError, match="must be true or false"):
-        SyncConfig(pack_dense="yes")
+                         pack="all")  # fmt: skip
+    with pytest.raises(ValueError, match="sync.pack must be one of none, dense, all, got True"):
+        SyncConfig(pack=True)
     with pytest.raises(ValueError, match="needs sync.exchange=flat, got hierarchical"):
-        SyncConfig(pack_dense=True, exchange="hierarchical")
+        SyncConfig(pack="all", exchange="hierarchical")
+    with pytest.raises(ValueError, match="agrees bucket by bucket: use sync.pack=dense"):
+        SyncConfig(pack="all", ddp_hook=True, overlap=True)

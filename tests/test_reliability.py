@@ -168,9 +168,10 @@ def test_a_checkpoint_carrying_a_callable_is_refused_without_running_it(fmnist, 
 # -- non-finite gradients ----------------------------------------------------------------------------
 
 
-def test_nan_and_inf_on_one_rank_skip_the_step_everywhere(fmnist, tmp_path):
+@pytest.mark.parametrize("pack", ["none", "all"], ids=["agreement-first", "agreement-in-the-message"])
+def test_nan_and_inf_on_one_rank_skip_the_step_everywhere(fmnist, tmp_path, pack):
     run_dir = tmp_path / "run"
-    out = cli(args(fmnist, run_dir), tmp_path, nproc=2, env={"DGC_FAULTS": "nan@4:1,inf@9:0"})
+    out = cli(args(fmnist, run_dir, f"sync.pack={pack}"), tmp_path, nproc=2, env={"DGC_FAULTS": "nan@4:1,inf@9:0"})
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["skipped_steps"] == 2 and summary["steps"] == 16

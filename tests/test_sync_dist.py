@@ -279,9 +279,10 @@ def test_state_dict_round_trip_continues_identically() -> None:
 # -- a non-finite gradient on one rank: every rank skips the step; requests reach every rank ----------
 
 
-def _nonfinite(rank: int, world: int) -> dict:
+def _nonfinite(rank: int, world: int, pack: str = "none", name: str = "dgc", options: dict | None = None) -> dict:
     model = make_model()
-    sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.1), clip_norm=1.0)
+    compressor = dgc.build_compressor(name, **(options if options is not None else {"density": 0.1}))
+    sync = dgc.GradientSync(model, compressor, clip_norm=1.0, pack=pack)
     opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9)
     out: dict = {"skipped": [], "requests": []}
     for step in range(5):
@@ -304,8 +305,17 @@ def _nonfinite(rank: int, world: int) -> dict:
     return out
 
 
-def test_a_non_finite_gradient_on_one_rank_is_skipped_on_every_rank() -> None:
-    outs = run(_nonfinite, 2)
+@pytest.mark.parametrize(
+    ("pack", "name", "options"),
+    [("none", "dgc", None), ("all", "dgc", None),
+     ("all", "dgc", {"density": 0.1, "selection": "chunk", "chunk_size": 16}), ("all", "powersgd", {"rank": 2}),
+     ("all", "demo", {"tile": 8})],
+    ids=["separate-agreement", "agreement-in-dgcs-message", "in-chunk-selections", "in-powersgds-first-allreduce",
+         "in-demos-allgather"],
+)  # fmt: skip
+def test_a_non_finite_gradient_on_one_rank_is_skipped_on_every_rank(pack, name, options) -> None:
+    # with sync.pack=all the step runs before the ranks agree on it, and is undone on every rank
+    outs = run(_nonfinite, 2, pack, name, options)
     for out in outs:
         assert out["skipped"] == [False, False, True, True, False]
         assert out["requests"] == [(), (), (), ("stop",), ()]  # asked on rank 0, seen by both at once
@@ -315,7 +325,8 @@ def test_a_non_finite_gradient_on_one_rank_is_skipped_on_every_rank() -> None:
         for name, slot in state_before.items():  # nothing entered DGC's momenta and residuals
             for key, tensor in slot.items():
                 assert torch.equal(tensor, state_after[name][key]) and bool(tensor.isfinite().all())
-        assert out["zeroed"] and out["control_bytes"] == 4  # a byte per flag: non-finite, stop, checkpoint, diverged
+        # a byte per flag (non-finite, stop, checkpoint, diverged); in the message, a value of its dtype per flag
+        assert out["zeroed"] and out["control_bytes"] == (4 if pack == "none" else 16)
     for a, b in zip(outs[0]["final"], outs[1]["final"], strict=True):
         assert torch.equal(a, b) and bool(a.isfinite().all())
 

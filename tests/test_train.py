@@ -182,7 +182,7 @@ def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
             ["sync.ddp_hook=true", "sync.overlap=true", "sync.clip_norm=1", "sync.clip_scope=step"],
             "use clip_scope=tensor (or auto) with sync.overlap=true",
         ),
-        (["sync.pack_dense=true", "sync.exchange=hierarchical"], "sync.pack_dense=true needs sync.exchange=flat"),
+        (["sync.pack=all", "sync.exchange=hierarchical"], "sync.pack=all needs sync.exchange=flat"),
     ],
     ids=[
         "unknown-task",

@@ -29,9 +29,13 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dgc_chunk_fp16": ("dgc_chunk", ("compression.wire_values=fp16",)),
     # and every tensor through it (biases, BatchNorm too): one fixed-size allgather per step, nothing else
     "dgc_chunk_one": ("dgc_chunk", ("compression.wire_values=fp16", "sync.policy.min_ndim=1")),
-    # the frontier's DGC arms with the values left dense in the compressor's message (sync.pack_dense)
-    "dgc_packed": ("dgc", ("compression.wire_values=fp16", "sync.pack_dense=true")),
-    "dgc_chunk_packed": ("dgc_chunk", ("compression.wire_values=fp16", "sync.pack_dense=true")),
+    # the frontier's DGC arms with the values left dense in the compressor's message (sync.pack=dense), and chunk
+    # selection with the agreement there too (sync.pack=all): one collective per step
+    "dgc_packed": ("dgc", ("compression.wire_values=fp16", "sync.pack=dense")),
+    "dgc_chunk_packed": ("dgc_chunk", ("compression.wire_values=fp16", "sync.pack=dense")),
+    "dgc_chunk_packed_all": ("dgc_chunk", ("compression.wire_values=fp16", "sync.pack=all")),
+    # and DeMo so (it has no dense rest: its agreement alone rides in its allgather)
+    "demo_packed_all": ("demo", ("sync.pack=all",)),
     # the scale-out exchanges (dgc.exchanges); hierarchical takes the ranks per machine from the launcher
     "dgc_hierarchical": ("dgc", ("sync.exchange=hierarchical",)),
     "dgc_sparse_allreduce": ("dgc", ("sync.exchange=sparse_allreduce",)),

@@ -21,8 +21,8 @@ from dgc.bucket import Buckets
 from dgc.collectives import drive
 from dgc.comm import Comm
 from dgc.compressors.base import Compressor, Item
-from dgc.compressors.dense import AverageDense, allreduce_dense
-from dgc.packing import carry_dense
+from dgc.compressors.dense import allreduce_dense
+from dgc.packing import Rider, carry_rider
 from dgc.registry import Registry
 from dgc.timing import Phases
 
@@ -56,10 +56,7 @@ class Exchange:
         """Average the tensors the policy leaves dense (biases, BatchNorm): one allreduce in ``dtype``."""
         allreduce_dense(items, self.comm, phases, dtype, self.buckets)
 
-    def run_packed(self, compressor: Compressor, items: list[Item], dense: list[Item], phases: Phases,
-                   dtype: torch.dtype) -> None:  # fmt: skip
-        """:meth:`run` and :meth:`dense` in one: the dense tensors' values (in ``dtype``) travel in the compressor's
-        first collective that can carry them (:mod:`dgc.packing`); ``flat`` only (``sync.pack_dense``)."""
-        bucket = self.buckets.of("dense", dense)
-        fallback = lambda: AverageDense(dense, dtype, self.buckets, phases)  # noqa: E731
-        drive(carry_dense(compressor.steps(items, phases), dense, dtype, bucket, phases, fallback), self.comm)
+    def run_packed(self, compressor: Compressor, items: list[Item], rider: Rider) -> None:
+        """:meth:`run` with ``rider`` (the values left dense, the agreement's flags) in the compressor's first
+        collective that can carry it (:mod:`dgc.packing`); ``flat`` only (``sync.pack``)."""
+        drive(carry_rider(compressor.steps(items, rider.phases), rider), self.comm)

@@ -74,10 +74,12 @@ AGREEMENT_BYTES = 4
 #: selection's fixed-size message: no lengths message, no allreduce of the values left dense
 WHAT_IF: dict[str, str] = {
     "dgc_chunk_one": "DGC, chunk selection, every tensor in one message (not run)",
-    # the values left dense inside the compressor's message (sync.pack_dense): the arms' own arithmetic, so their
-    # accuracy (tests/test_packing.py), one collective fewer
+    # the values left dense inside the compressor's message (sync.pack=dense), and the agreement too (sync.pack=all):
+    # the arms' own arithmetic, so their accuracy (tests/test_packing.py), one and two collectives fewer
     "dgc_packed": "DGC, dense values in its message (DGC's arithmetic)",
     "dgc_chunk_packed": "DGC chunk selection, dense values in its message (its arithmetic)",
+    "dgc_chunk_packed_all": "DGC chunk selection, dense values and agreement in its message (its arithmetic)",
+    "demo_packed_all": "DeMo, agreement in its message (its arithmetic)",
 }
 
 
@@ -110,24 +112,27 @@ class ArmCost:
     #: where ``nbytes`` comes from: the wire bench's configuration of that name on ResNet-50, or "" (the ratio)
     bench: str = ""
 
+    #: the agreement rides in the compressor's message (``sync.pack=all``): no allreduce of its own
+    agreement_in_message: bool = False
+
     @property
     def agreements(self) -> float:
-        """The agreement's allreduces per step: one per exchange, none for DDP."""
-        return 0.0 if self.kind == "ddp" else 1.0 / self.every
+        """The agreement's allreduces per step: one per exchange, none for DDP or where it rides in the message."""
+        return 0.0 if self.kind == "ddp" or self.agreement_in_message else 1.0 / self.every
 
 
 def collectives_of(compression: str, overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The collectives of one exchange of preset ``compression`` with ``overrides``: :data:`COLLECTIVES`, less the
     allreduce of the values left dense where the policy compresses every tensor of a model without 0-d parameters
     (``sync.policy.min_ndim=1`` or 0: biases and BatchNorm too, as ResNet-50's) or where they travel in the
-    compressor's message (``sync.pack_dense=true``: their bytes go with its payload)."""
+    compressor's message (``sync.pack=dense`` or ``all``: their bytes go with its payload)."""
     from dgc.repro import presets
 
     if compression not in COLLECTIVES:
         raise FrontierCostError(f"no price for compression {compression!r}: valid: {', '.join(COLLECTIVES)}")
     sync = presets.preset(compression, [o for o in overrides if o.startswith("sync.")]).sync
     every_tensor = sync.policy.min_ndim <= 1 and sync.policy.min_numel <= 1
-    return tuple(c for c in COLLECTIVES[compression] if not ((every_tensor or sync.pack_dense) and c == "rest"))
+    return tuple(c for c in COLLECTIVES[compression] if not ((every_tensor or sync.pack != "none") and c == "rest"))
 
 
 def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float, steps: int | None = None,
@@ -137,6 +142,8 @@ def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float,
     per exchange on ``w``) when given, else from the run's wire ratio (per step, over ``steps`` steps: a run of
     local steps also exchanges at its end, ``ceil(steps / H)`` exchanges in all). ``overrides``: the arm's
     settings beyond its preset (:func:`collectives_of`)."""
+    from dgc.repro import presets
+
     collectives = collectives_of(compression, overrides)
     if measured is None and (not wire_ratio or wire_ratio <= 0):
         raise FrontierCostError(f"{method}: no measured wire ratio (the run has no bytes per step)")
@@ -145,7 +152,8 @@ def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float,
     bench, nbytes = measured if measured else ("", 4 * w.numel * per_exchange / wire_ratio)
     rest = min(4.0 * w.dense_rest, nbytes) if "rest" in collectives else 0.0
     kind = "ddp" if compression in ("none", "bf16") and every == 1 else "serial"
-    return ArmCost(method, compression, every, wire_ratio, nbytes, collectives, rest, kind, bench)
+    in_message = presets.preset(compression, [o for o in overrides if o.startswith("sync.")]).sync.pack == "all"
+    return ArmCost(method, compression, every, wire_ratio, nbytes, collectives, rest, kind, bench, in_message)
 
 
 def wire_bench(path: Path, w: Workload = hardware.RESNET50) -> dict[str, float]:
