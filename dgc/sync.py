@@ -169,6 +169,46 @@ class OpenStep:
             c.load_extra_state(extra)
 
 
+class StateCopy:
+    """A copy of compressors' per-tensor state and extra state, taken before a step that may be undone (``pack="all"``):
+    its buffers are kept from step to step, so taking it is one dispatch (no allocation after the first step); putting
+    it back, in place, happens only when the step is undone."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[int, str, str], torch.Tensor] = {}
+        self._taken: list[tuple[Compressor, str, dict[str, torch.Tensor]]] = []
+        self._extra: list[tuple[Compressor, dict[str, Any]]] = []
+
+    def take(self, compressors: list[Compressor], names: list[str]) -> None:
+        self._taken, self._extra = [], [(c, c.extra_state()) for c in compressors]
+        sources, copies = [], []
+        for i, c in enumerate(compressors):
+            for name in names:
+                kept = {}
+                for key, t in c.state.get(name, {}).items():
+                    buf = self._buffers.get((i, name, key))
+                    if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.device != t.device:
+                        buf = self._buffers[(i, name, key)] = torch.empty_like(t)
+                    sources.append(t)
+                    copies.append(buf)
+                    kept[key] = buf
+                self._taken.append((c, name, kept))
+        if sources:
+            torch._foreach_copy_(copies, sources)
+
+    def put_back(self) -> None:
+        """The state as it was when taken, in place (it may be a view of a compressor's flat bucket); state made
+        since starts at zero again."""
+        for c, name, kept in self._taken:
+            for key, t in c.state.get(name, {}).items():
+                if key in kept and kept[key].shape == t.shape:
+                    t.copy_(kept[key])
+                else:
+                    t.zero_()
+        for c, extra in self._extra:
+            c.load_extra_state(extra)
+
+
 class GradientSync:
     """Compress, exchange and average the gradients of ``model`` (see the module docstring).
 
@@ -273,6 +313,7 @@ class GradientSync:
         self.guard = StepGuard(self.comm, check_finite)
         #: with ``pack="all"``: the agreement's flags averaged over the workers, once they have travelled
         self._agreed: torch.Tensor | None = None
+        self._before = StateCopy()
         self._epoch_set = False
 
     # -- configuration -------------------------------------------------------------
@@ -397,16 +438,13 @@ class GradientSync:
             flags = self.guard.flags(self.guard.not_finite(norms), device)
             self._clip(grads, norms)
             compressed, dense = self._prepare(pairs)
-            before = None
             if self.guard.check_finite:
-                before = OpenStep(phases, extra=[(c, c.extra_state()) for c in self._compressors()])
-                before.save(self._compressors(), [it.name for it in compressed])
+                self._before.take(self._compressors(), [it.name for it in compressed])
         dtype = DTYPES.get(self.policy.dense_values, torch.float32)
         dense_sent = self._exchange(compressed, dense, phases, flags)
         skipped, requests = self.guard.read(self._agreed)
-        if skipped:
-            if before is not None:
-                before.restore()
+        if skipped:  # only a step with a non-finite gradient somewhere: then check_finite is on, the copy taken
+            self._before.put_back()
             torch._foreach_zero_(grads)
         control = flags.numel() * dtype.itemsize
         return self._finish(pairs, [] if skipped else compressed, phases, control, dense_sent, skipped, requests)
