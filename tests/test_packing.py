@@ -21,7 +21,7 @@ from dgc.packing import carry
 from dgc.sync_config import SyncConfig
 from dgc.timing import Phases
 from tests.multiproc import run
-from tests.test_sync_dist import make_model, params, train_loop
+from tests.test_sync_dist import local_backward, make_model, params, train_loop
 
 #: every compressor, at settings small enough for the test model's tensors to send something every step, and DGC's
 #: chunk selection (a fixed-size allgather): label -> (compressor, options)
@@ -205,3 +205,37 @@ def test_pack_is_refused_where_it_cannot_apply():
         SyncConfig(pack="all", exchange="hierarchical")
     with pytest.raises(ValueError, match="agrees bucket by bucket: use sync.pack=dense"):
         SyncConfig(pack="all", ddp_hook=True, overlap=True)
+
+
+# -- the agreement in the message: a step undone ----------------------------------------------------------------------
+
+
+def _nan_first(rank: int, world: int) -> dict:
+    out = {}
+    for pack in ("none", "all"):
+        model = make_model()
+        sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.05), pack=pack)
+        opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9)
+        skipped, zero_state = [], None
+        for step in range(3):
+            sync.set_epoch(step / 4)
+            local_backward(model, rank, step)
+            if step == 0 and rank == 1:  # before any state exists: what the step made must be undone to zeros
+                next(model.parameters()).grad.view(-1)[0] = float("nan")
+            skipped.append(sync.step().skipped)
+            opt.step()
+            if step == 0:
+                tensors = [t for s in sync.compressor.state.values() for t in s.values()]
+                zero_state = (len(tensors), all(bool((t == 0).all()) for t in tensors))
+        out[pack] = (params(model), skipped, zero_state)
+    return out
+
+
+def test_a_first_step_undone_leaves_the_state_it_made_at_zero():
+    for out in run(_nan_first, 2):
+        (plain_w, plain_skipped, plain_zero), (packed_w, packed_skipped, packed_zero) = out["none"], out["all"]
+        assert plain_skipped == packed_skipped == [True, False, False]
+        assert plain_zero == (0, True)  # the agreement came first: the compressor never ran
+        assert packed_zero[0] > 0 and packed_zero[1]  # it ran, and what it made is back at zero
+        for a, b in zip(plain_w, packed_w, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
