@@ -96,15 +96,15 @@ def carry(op: Collective, dense: torch.Tensor) -> tuple[Collective, Callable[[An
 
 class Rider:
     """What rides in the step's first collective that can carry it: the values left dense (``items``, sent in
-    ``dtype`` through ``bucket``; their average is written into their gradients) and, with ``sync.pack=all``, the
-    agreement's flags (:mod:`dgc.guard`: 0 or 1 each; :attr:`agreed` holds their mean over the workers, on the
-    device, once they have travelled: above 0 where any worker raised one)."""
+    ``dtype`` through ``bucket``, None when there are none; their average is written into their gradients) and, with
+    ``sync.pack=all``, the agreement's flags (:mod:`dgc.guard`: 0 or 1 each; :attr:`agreed` holds their mean over the
+    workers, on the device, once they have travelled: above 0 where any worker raised one)."""
 
     def __init__(self, items: list[Item], dtype: torch.dtype, bucket: Bucket | None, flags: torch.Tensor | None,
                  phases: Phases) -> None:  # fmt: skip
         self.items, self.bucket, self.phases = items, bucket, phases
         with phases("compress"):
-            parts = [bucket.gather(items).to(dtype)] if items and bucket is not None else []
+            parts = [bucket.gather(items).to(dtype)] if bucket is not None else []
             if flags is not None:
                 parts.append(flags.to(dtype))
             self.tensor = torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -114,7 +114,7 @@ class Rider:
     def land(self, mean: torch.Tensor) -> None:
         """The average of every worker's rider: the dense values into their gradients, the flags kept."""
         with self.phases("decompress"):
-            if self.items and self.bucket is not None:
+            if self.bucket is not None:
                 self.bucket.scatter(self.items, mean[: self.dense_numel])
             if mean.numel() > self.dense_numel:
                 self.agreed = mean[self.dense_numel :]

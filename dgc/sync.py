@@ -157,16 +157,22 @@ class OpenStep:
                 self.saved.append((c, name, {k: t.clone() for k, t in c.state.get(name, {}).items()}))
 
     def restore(self) -> None:
-        """Put back the state saved before the parts: in place (it may be a view of a compressor's flat bucket);
-        state made by this step starts at zero again."""
-        for c, name, before in self.saved:
-            for key, t in c.state.get(name, {}).items():
-                if key in before and before[key].shape == t.shape:
-                    t.copy_(before[key])
-                else:
-                    t.zero_()
-        for c, extra in self.extra:
-            c.load_extra_state(extra)
+        """Put back the state saved before the parts (:func:`put_back`)."""
+        put_back(self.saved, self.extra)
+
+
+def put_back(saved: list[tuple[Compressor, str, dict[str, torch.Tensor]]],
+             extra: list[tuple[Compressor, dict[str, Any]]]) -> None:  # fmt: skip
+    """Compressors' state as copied in ``saved`` (``(compressor, name, {key: copy})``) and ``extra`` (their extra
+    state), in place (it may be a view of a compressor's flat bucket); state made since starts at zero again."""
+    for c, name, before in saved:
+        for key, t in c.state.get(name, {}).items():
+            if key in before and before[key].shape == t.shape:
+                t.copy_(before[key])
+            else:
+                t.zero_()
+    for c, state in extra:
+        c.load_extra_state(state)
 
 
 class StateCopy:
@@ -197,16 +203,8 @@ class StateCopy:
             torch._foreach_copy_(copies, sources)
 
     def put_back(self) -> None:
-        """The state as it was when taken, in place (it may be a view of a compressor's flat bucket); state made
-        since starts at zero again."""
-        for c, name, kept in self._taken:
-            for key, t in c.state.get(name, {}).items():
-                if key in kept and kept[key].shape == t.shape:
-                    t.copy_(kept[key])
-                else:
-                    t.zero_()
-        for c, extra in self._extra:
-            c.load_extra_state(extra)
+        """The state as it was when taken (:func:`put_back`)."""
+        put_back(self._taken, self._extra)
 
 
 class GradientSync:
@@ -362,6 +360,12 @@ class GradientSync:
             pairs.append((p, p.grad))
         return pairs
 
+    def _norms(self, grads: list[torch.Tensor], clip: bool) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The gradients' norms (one dispatch for every tensor; none when neither the clip nor the non-finite check
+        needs them) and whether one is not finite, left on the device (None: unchecked)."""
+        norms = list(torch._foreach_norm(grads)) if grads and (self.guard.check_finite or clip) else []
+        return norms, self.guard.not_finite(norms)
+
     def _guard(self, grads: list[torch.Tensor], phases: Phases, clip: bool
                ) -> tuple[list[torch.Tensor], bool, tuple[str, ...], int]:  # fmt: skip
         """The agreement every step starts with: the gradient norms (for the clip and the non-finite check: one
@@ -371,8 +375,7 @@ class GradientSync:
         self.comm.phases = phases
         self.comm.reset_traffic()
         with phases("compress"):
-            norms = list(torch._foreach_norm(grads)) if grads and (self.guard.check_finite or clip) else []
-            bad = self.guard.not_finite(norms)
+            norms, bad = self._norms(grads, clip)
         skipped, requests = self.guard.agree(bad)
         control = self.comm.reset_traffic().sent
         if skipped:
@@ -387,13 +390,11 @@ class GradientSync:
         pairs = self._all_grads()
         grads = [g for _, g in pairs]
         phases = Phases(cuda_sync=False)
-        skipped = False
-        if self.guard.check_finite and grads:
-            with phases("compress"):
-                bad = self.guard.not_finite(list(torch._foreach_norm(grads)))
-            skipped = bool(bad)
-            if skipped:
-                torch._foreach_zero_(grads)
+        with phases("compress"):
+            _, bad = self._norms(grads, clip=False)
+        skipped = bad is not None and bool(bad)
+        if skipped:
+            torch._foreach_zero_(grads)
         self.comm.reset_traffic()
         return self._finish(pairs, [], phases, 0, 0, skipped, ())
 
@@ -433,9 +434,8 @@ class GradientSync:
         self.comm.reset_traffic()
         device = grads[0].device
         with phases("compress"):
-            clip = bool(self.clip_norm)
-            norms = list(torch._foreach_norm(grads)) if self.guard.check_finite or clip else []
-            flags = self.guard.flags(self.guard.not_finite(norms), device)
+            norms, bad = self._norms(grads, clip=bool(self.clip_norm))
+            flags = self.guard.flags(bad, device)
             self._clip(grads, norms)
             compressed, dense = self._prepare(pairs)
             if self.guard.check_finite:

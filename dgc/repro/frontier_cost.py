@@ -50,6 +50,7 @@ from typing import Any
 
 from dgc.costmodel import hardware
 from dgc.costmodel.hardware import Link, Profile, Workload
+from dgc.guard import REQUESTS
 
 #: the links of the projection: Gbit/s per worker and direction, and the latency of one message (ms)
 LINKS_GBPS = (1.0, 10.0, 25.0)
@@ -67,7 +68,7 @@ COLLECTIVES: dict[str, tuple[str, ...]] = {
 
 
 #: the agreement's allreduce before every exchange: a byte per flag (non-finite, and each of dgc.guard.REQUESTS)
-AGREEMENT_BYTES = 4
+AGREEMENT_BYTES = 1 + len(REQUESTS)
 
 #: wire-bench configurations the frontier table does not run, priced by the bench-only projection beside its arms
 #: (no accuracy): what DGC's step would be in one collective, every tensor (biases, BatchNorm too) in its chunk
@@ -126,11 +127,19 @@ def collectives_of(compression: str, overrides: tuple[str, ...] = ()) -> tuple[s
     allreduce of the values left dense where the policy compresses every tensor of a model without 0-d parameters
     (``sync.policy.min_ndim=1`` or 0: biases and BatchNorm too, as ResNet-50's) or where they travel in the
     compressor's message (``sync.pack=dense`` or ``all``: their bytes go with its payload)."""
+    return _collectives(compression, _sync_of(compression, overrides))
+
+
+def _sync_of(compression: str, overrides: tuple[str, ...]) -> Any:
+    """The ``sync`` settings of preset ``compression`` with the ``sync.*`` of ``overrides``."""
     from dgc.repro import presets
 
     if compression not in COLLECTIVES:
         raise FrontierCostError(f"no price for compression {compression!r}: valid: {', '.join(COLLECTIVES)}")
-    sync = presets.preset(compression, [o for o in overrides if o.startswith("sync.")]).sync
+    return presets.preset(compression, [o for o in overrides if o.startswith("sync.")]).sync
+
+
+def _collectives(compression: str, sync: Any) -> tuple[str, ...]:
     every_tensor = sync.policy.min_ndim <= 1 and sync.policy.min_numel <= 1
     return tuple(c for c in COLLECTIVES[compression] if not ((every_tensor or sync.pack != "none") and c == "rest"))
 
@@ -142,9 +151,8 @@ def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float,
     per exchange on ``w``) when given, else from the run's wire ratio (per step, over ``steps`` steps: a run of
     local steps also exchanges at its end, ``ceil(steps / H)`` exchanges in all). ``overrides``: the arm's
     settings beyond its preset (:func:`collectives_of`)."""
-    from dgc.repro import presets
-
-    collectives = collectives_of(compression, overrides)
+    sync = _sync_of(compression, overrides)
+    collectives = _collectives(compression, sync)
     if measured is None and (not wire_ratio or wire_ratio <= 0):
         raise FrontierCostError(f"{method}: no measured wire ratio (the run has no bytes per step)")
     every = max(int(local_steps or 0), 1)
@@ -152,8 +160,7 @@ def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float,
     bench, nbytes = measured if measured else ("", 4 * w.numel * per_exchange / wire_ratio)
     rest = min(4.0 * w.dense_rest, nbytes) if "rest" in collectives else 0.0
     kind = "ddp" if compression in ("none", "bf16") and every == 1 else "serial"
-    in_message = presets.preset(compression, [o for o in overrides if o.startswith("sync.")]).sync.pack == "all"
-    return ArmCost(method, compression, every, wire_ratio, nbytes, collectives, rest, kind, bench, in_message)
+    return ArmCost(method, compression, every, wire_ratio, nbytes, collectives, rest, kind, bench, sync.pack == "all")
 
 
 def wire_bench(path: Path, w: Workload = hardware.RESNET50) -> dict[str, float]:
