@@ -1,7 +1,8 @@
 """The agreement before every step: whether any worker's gradient is not finite, and what any worker requested.
 
-One small MAX allreduce (a byte per flag) settles both, so that every worker skips the same steps and stops or
-checkpoints at the same step boundary; the non-finite check rides on the gradient norms the step computes
+One small MAX allreduce (a byte per flag; under the hierarchical exchange, one inside the machine and one between
+machines: :meth:`dgc.exchanges.Exchange.agree_max_`) settles both, so that every worker skips the same steps and
+stops or checkpoints at the same step boundary; the non-finite check rides on the gradient norms the step computes
 anyway for local clipping (one ``_foreach_norm``) and is read on the host together with the requests (one host
 synchronization for both).
 """
@@ -9,6 +10,7 @@ synchronization for both).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -17,14 +19,21 @@ from dgc.comm import Comm
 #: what a worker can ask all workers to do at the next step boundary (:meth:`GradientSync.request`): stop, write
 #: a checkpoint, or end the run as diverged (local steps, where each worker skips its own non-finite steps)
 REQUESTS = ("stop", "checkpoint", "diverged")
+#: the bytes of the agreement's allreduce: a byte per flag (non-finite, then each of :data:`REQUESTS`); what the cost
+#: models (:mod:`dgc.costmodel`, :mod:`dgc.repro.frontier_cost`) price before every exchange
+AGREEMENT_BYTES = 1 + len(REQUESTS)
 
 
 class StepGuard:
     """Non-finite gradients and requests of one :class:`~dgc.sync.GradientSync` (see the module docstring)."""
 
-    def __init__(self, comm: Comm, check_finite: bool = True) -> None:
+    def __init__(self, comm: Comm, check_finite: bool = True,
+                 reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:  # fmt: skip
         self.comm = comm
         self.check_finite = check_finite
+        #: the agreement's collective: the element-wise maximum over every worker, in place (by default one allreduce
+        #: over ``comm``; the exchange's own, :meth:`dgc.exchanges.Exchange.agree_max_`, under GradientSync)
+        self.reduce_max = reduce_max or comm.allreduce_max_
         self._requested: set[str] = set()
 
     def request(self, what: str) -> None:
@@ -57,4 +66,4 @@ class StepGuard:
 
     def agree(self, bad: torch.Tensor | None) -> tuple[bool, tuple[str, ...]]:
         """Whether any worker's gradient was not finite, and what any worker requested (one small MAX)."""
-        return self.read(self.comm.allreduce_max_(self.flags(bad, self.comm.device)))
+        return self.read(self.reduce_max(self.flags(bad, self.comm.device)))

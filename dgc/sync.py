@@ -308,7 +308,7 @@ class GradientSync:
         self.last: StepStats | None = None
         #: whether load_state_dict restored this sync's state (dgc.SGD warns on a resume without it)
         self.restored = False
-        self.guard = StepGuard(self.comm, check_finite)
+        self.guard = StepGuard(self.comm, check_finite, self.exchange.agree_max_)
         #: with ``pack="all"``: the agreement's flags averaged over the workers, once they have travelled
         self._agreed: torch.Tensor | None = None
         self._before = StateCopy()

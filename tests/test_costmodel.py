@@ -29,6 +29,18 @@ def test_collective_times() -> None:
     assert net.allgather(400, 64) / net.allgather(400, 4) > 15 > net.allreduce(400, 64) / net.allreduce(400, 4)
 
 
+def test_every_method_pays_the_agreement_the_bench_times_with_it() -> None:
+    # latency alone: each ring collective over 4 ranks is 2 x 3 hops (allreduce) or 3 (allgather)
+    model = CostModel(Network(bandwidth=1e15, alpha=1.0))
+    hops = {m: model.exchange(m, Workload(1000, 100.0), 4)["communicate_s"] for m in ("none", "fp16", "dgc")}
+    assert hops == pytest.approx({"none": 6 + 6, "fp16": 6 + 6, "dgc": 3 + 3 + 6})
+    # the calibration's features count it too: flat DGC with a dense rest is lengths, message, rest and agreement
+    o = {"method": "dgc", "nodes": 4, "rate": "1gbit", "numel": 1000, "message_bytes": 100.0,
+         "dense_rest_bytes": 500.0}  # fmt: skip
+    assert costmodel._net_features(o)[0] == 2 * 3 + 2 * 3 + 2 * 3
+    assert costmodel._net_features({**o, "nodes": 1})[0] == 0
+
+
 def test_dense_rest_by_allgather_when_one_bit() -> None:
     model = CostModel(Network(bandwidth=1e6, alpha=0.0))
     reduce = model.exchange("dgc", Workload(1000, 100.0, 500.0), 8)["communicate_s"]

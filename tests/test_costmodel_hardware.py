@@ -14,6 +14,7 @@ import pytest
 from dgc.costmodel import e2e, hardware
 from dgc.costmodel.__main__ import main
 from dgc.costmodel.hardware import PROFILES, RESNET50
+from dgc.guard import AGREEMENT_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 IB, ETH1 = PROFILES["h100-ib400"], PROFILES["h100-eth1"]
@@ -49,6 +50,21 @@ def test_the_timeline_hides_communication_under_the_backward_pass_until_it_is_lo
     # expensive: the stream is the step: the first bucket's readiness plus every bucket back to back
     step, _ = hardware.timeline(3.0, 2 / 3, buckets, lambda b: 2.0)
     assert step == pytest.approx(1.5 + 4 * 2.0)
+
+
+def test_every_dgc_method_pays_the_agreement_before_each_exchange_and_ddp_none(monkeypatch):
+    # an agreement made huge shows where the model prices it: once per serial step, once per overlapped bucket
+    before = {m: hardware.step_s(ETH1, RESNET50, m, 4)["network_s"] for m in hardware.METHODS}
+    huge = 50e6
+    monkeypatch.setattr(hardware, "AGREEMENT_BYTES", huge)
+    extra = hardware.allreduce_s(ETH1, huge, 4) - hardware.allreduce_s(ETH1, AGREEMENT_BYTES, 4)
+    after = {m: hardware.step_s(ETH1, RESNET50, m, 4)["network_s"] for m in hardware.METHODS}
+    for m in ("ddp_fp32", "ddp_bf16"):
+        assert after[m] == pytest.approx(before[m], rel=1e-12)
+    for m in ("dgc", "dgc_hierarchical", "dgc_sparse_allreduce"):
+        assert after[m] - before[m] == pytest.approx(extra, rel=1e-9)
+    buckets = len(hardware.ddp_buckets(4 * RESNET50.numel))
+    assert after["dgc_overlap"] - before["dgc_overlap"] == pytest.approx(buckets * extra, rel=1e-9)
 
 
 def test_one_machine_of_eight_gpus_on_nvlink_scales_dense_fp32_at_least_6x():

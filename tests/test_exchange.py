@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import dgc
+from dgc.guard import AGREEMENT_BYTES
 from dgc.localbus import SharedMemoryError
 from dgc.topology import Topology
 from tests.multiproc import run
@@ -194,6 +195,55 @@ def test_hierarchical_trains_and_keeps_every_rank_identical():
     assert set(outs[0]["names"]).isdisjoint(outs[1]["names"]) and any("@" in n for n in outs[1]["names"])
     for out in outs:  # this rank's shard state, saved and loaded, continues the identical trajectory
         for a, b in zip(out["params"], out["resumed"], strict=True):
+            assert torch.equal(a, b)
+
+
+def _agreement_by_machine(rank: int, world: int) -> dict:
+    """3 hierarchical steps on 2 machines x 2 ranks: a NaN on rank 3 at step 1, a stop asked by rank 2 at step 2;
+    the sizes of the groups every all_reduce goes over, and each step's control bytes."""
+    model = make_model()
+    sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.05), exchange="hierarchical",
+                            ranks_per_node=2)  # fmt: skip
+    opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9)
+    sizes: list[list[int]] = []
+    real = dist.all_reduce
+
+    def sized(tensor, *args, group=None, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        sizes[-1].append(dist.get_world_size(group))
+        return real(tensor, *args, group=group, **kwargs)
+
+    dist.all_reduce = sized
+    try:
+        out = []
+        for step in range(3):
+            local_backward(model, rank, step)
+            if step == 1 and rank == 3:
+                next(model.parameters()).grad[0] = float("nan")
+            if step == 2 and rank == 2:
+                sync.request("stop")
+            sizes.append([])
+            stats = sync.step()
+            opt.step()
+            out.append((stats.skipped, stats.requests, stats.control_bytes))
+    finally:
+        dist.all_reduce = real
+    return {"steps": out, "sizes": sizes, "params": params(model)}
+
+
+def test_hierarchical_agrees_by_machine_and_every_rank_acts_alike():
+    outs = run(_agreement_by_machine, 4)
+    for out in outs:
+        assert [(skipped, requests) for skipped, requests, _ in out["steps"]] == [
+            (False, ()), (True, ()), (False, ("stop",))]  # fmt: skip
+        # the flags inside the machine, then between the machines: only the latter is network traffic
+        assert {control for _, _, control in out["steps"]} == {AGREEMENT_BYTES}
+        # no step's allreduce spans all 4 ranks: the agreement is 2 small ones (2 ranks each), and a skipped step
+        # stops there
+        assert all(sizes and max(sizes) == 2 for sizes in out["sizes"])
+        assert out["sizes"][1] == [2, 2]
+        assert all(torch.isfinite(p).all() for p in out["params"])
+    for out in outs[1:]:
+        for a, b in zip(outs[0]["params"], out["params"], strict=True):
             assert torch.equal(a, b)
 
 

@@ -162,6 +162,7 @@ def test_cluster_bench_small_run(tmp_path: Path) -> None:
     for name, row in r["methods"].items():
         assert row["exchange_s"] > 0 and len(row["exchange_s_runs"]) == 2, name
         assert row["sent_bytes"] > 0 and row["dense_bytes"] == 4 * r["numel"]
+        assert row["agreement"] == "flat", name  # how its step agreed: the cost model fits each run as it ran
     assert r["methods"]["none"]["speedup_vs_none"] == 1.0
     assert r["methods"]["dgc"]["sent_bytes"] < r["methods"]["none"]["sent_bytes"] / 50
     assert r["methods"]["dgc_compact"]["sent_bytes"] < r["methods"]["dgc"]["sent_bytes"]

@@ -398,6 +398,7 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
             recv_bytes=stats.recv_bytes,
             recv_bytes_max_rank=max(g["recv"][name] for g in gathered),
             exchange=specs[name].sync.exchange,
+            agreement=syncs[name].exchange.agreement,
             dense_bytes=stats.dense_bytes,
             wire_ratio=stats.dense_bytes / stats.sent_bytes if stats.sent_bytes else None,
             collectives=stats.collectives,

@@ -22,6 +22,11 @@ scheduling and the network's delay):
   allgathers (lengths, kept entries): ``4 (N-1) alpha + V (N-1)/N / B``, where V, the sparse bytes a
   rank receives, does not grow with N (about 2k entries).
 
+Every method's step also starts with the workers' agreement (:mod:`dgc.guard`: a non-finite gradient anywhere, stop
+and checkpoint requests), one allreduce of :data:`~dgc.guard.AGREEMENT_BYTES` over all N ranks: ``2 (N-1) alpha``
+and a few bytes. The cluster bench's ``communicate_s`` includes it (it times :meth:`GradientSync.step`), so the model
+counts it too; left out, the fitted alpha would absorb it.
+
 A method's exchange is its collectives plus its CPU work (packing, selection, encoding,
 decoding): ``cpu_s = (cpu_s_per_value * numel + cpu_s_per_message_byte * N * message_bytes)
 * contention(N)`` (the second term, for sparse methods: decoding the N messages), where ``contention(N) =
@@ -64,6 +69,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dgc.guard import AGREEMENT_BYTES
 
 RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 
@@ -123,12 +130,13 @@ class CostModel:
         cpu = self.cpu_s_per_value.get(method, 0.0) * w.numel * c
         cpu += self.cpu_s_per_message_byte.get(method, 0.0) * n * w.sparse_bytes * c
         net = self.network
+        comm = net.allreduce(AGREEMENT_BYTES, n)  # the agreement every step starts with
         if method == "none":
-            comm = net.allreduce(4 * w.numel, n)
+            comm += net.allreduce(4 * w.numel, n)
         elif method == "fp16":
-            comm = net.allreduce(2 * w.numel, n, fp16=True)
+            comm += net.allreduce(2 * w.numel, n, fp16=True)
         elif method.startswith("dgc") or method == "topk":
-            comm = net.allgather(8, n) + net.allgather(w.sparse_bytes, n)
+            comm += net.allgather(8, n) + net.allgather(w.sparse_bytes, n)
             if w.dense_rest_bytes and w.dense_rest_gather:
                 comm += net.allgather(w.dense_rest_bytes, n)
             elif w.dense_rest_bytes:
@@ -212,6 +220,16 @@ def _cpu_features(o: dict[str, Any]) -> list[float]:
 
 def _net_features(o: dict[str, Any]) -> list[float]:
     """Network time is linear in (alpha, 1/efficiency, fp16 reduce cost, local bus s/byte): its coefficients."""
+    alpha, beta, reduce16, local = _exchange_features(o)
+    n = o["nodes"]
+    if n > 1:  # the agreement: one allreduce of a few bytes over all N ranks, every method's
+        alpha += 2 * (n - 1)
+        beta += 2 * (n - 1) / n * AGREEMENT_BYTES / rate_bytes(o["rate"])
+    return [alpha, beta, reduce16, local]
+
+
+def _exchange_features(o: dict[str, Any]) -> list[float]:
+    """The coefficients of the method's own collectives (:func:`_net_features` less the agreement)."""
     n, numel, m = o["nodes"], o["numel"], o["method"]
     bw = rate_bytes(o["rate"])
     alpha = beta = reduce16 = local = 0.0

@@ -34,7 +34,10 @@ Steps (T = the compute of one step on one GPU, a fraction ``backward`` of it the
   become ready as the backward pass produces them (assumed: uniformly in bytes over the backward pass); one
   communication stream runs them in order; the step ends when the compute and the last bucket are done. bf16 adds
   a cast pass each way.
-* ``dgc``: the serial hook: after the backward pass, compress, exchange, decode: nothing is hidden.
+* ``dgc``: the serial hook: after the backward pass, the workers' agreement (:data:`dgc.guard.AGREEMENT_BYTES`: a
+  non-finite gradient anywhere, stop and checkpoint requests; one small allreduce), compress, exchange, decode:
+  nothing is hidden. Every DGC method pays the agreement before each exchange (the overlapped one before each
+  bucket); DDP has none.
 * ``dgc_overlap``: each bucket compressed and exchanged when ready, on a stream of its own; the compressor's memory
   passes share the GPU with the backward pass (added to the compute), its launches and host syncs and the
   exchange are on the bucket pipeline. Kernels and syncs per bucket: assumed those of the whole step (the
@@ -50,6 +53,8 @@ this machine's measured e2e runs (:mod:`dgc.costmodel.e2e`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+
+from dgc.guard import AGREEMENT_BYTES
 
 MiB = 2**20
 
@@ -239,6 +244,7 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
     message = kept * w.bytes_per_kept
     rest = 4 * w.dense_rest
     compress = network = 0.0
+    agree = allreduce_s(p, AGREEMENT_BYTES, machines)  # every DGC method's, before each exchange (or bucket)
     if method in ("ddp_fp32", "ddp_bf16"):
         half = method == "ddp_bf16"
         buckets = ddp_buckets(dense)
@@ -250,7 +256,7 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
             step += compress
     elif method == "dgc":
         compress = work_s(p, w, "dgc", w.numel) + p.decode_s(n * message, dense)
-        network = allgather_s(p, 8, machines) + allgather_s(p, message, machines) + allreduce_s(p, rest, machines)
+        network = agree + allgather_s(p, 8, machines) + allgather_s(p, message, machines) + allreduce_s(p, rest, machines)
         step = t + compress + network
     elif method == "dgc_overlap":
         buckets = ddp_buckets(dense)
@@ -262,7 +268,7 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
 
         def bucket(b: float) -> float:
             share = b / dense
-            return (host / k + allreduce_s(p, 1, machines) + allgather_s(p, 8, machines)
+            return (host / k + agree + allgather_s(p, 8, machines)
                     + allgather_s(p, message * share, machines) + allreduce_s(p, rest * share, machines))  # fmt: skip
 
         step, spans = timeline(t + memory, w.backward, buckets, bucket)
@@ -270,7 +276,7 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
     elif method == "dgc_hierarchical":
         shard = w.numel / r
         compress = work_s(p, w, "dgc", shard) + p.decode_s(machines * message / r, dense)
-        network = 2 * _intra_s(p, dense) + allreduce_s(replace(p, gpus_per_machine=1), rest, machines)
+        network = agree + 2 * _intra_s(p, dense) + allreduce_s(replace(p, gpus_per_machine=1), rest, machines)
         if machines > 1:
             network += (p.base_latency_us + (machines - 1) * p.inter.latency_us) * 1e-6 + (
                 machines - 1) * message / p.inter.bytes_per_s  # fmt: skip
@@ -280,7 +286,7 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
         compress = work_s(p, w, "dgc", w.numel) + p.decode_s(volume, dense)
         lat = 4 * (p.base_latency_us + (r - 1) * p.intra.latency_us + (machines - 1) * p.inter.latency_us) * 1e-6
         network = lat + volume * (n - 1) / n * (r / p.inter.bytes_per_s if machines > 1 else 1 / p.intra.bytes_per_s)
-        network += allreduce_s(p, rest, machines)
+        network += agree + allreduce_s(p, rest, machines)
         step = t + compress + network
     return {"step_s": step, "exposed_s": step - t, "compress_s": compress, "network_s": network}
 

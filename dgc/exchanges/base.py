@@ -35,6 +35,9 @@ class Exchange:
     """Runs a compressor's exchange of the compressed tensors over some communicators (``flat``: the paper's)."""
 
     name: ClassVar[str] = "flat"
+    #: how :meth:`agree_max_` reaches every worker: ``"flat"``, one allreduce over all of them; ``"by_machine"``
+    #: (the cost models price the two apart; the cluster bench records it with each measurement)
+    agreement: ClassVar[str] = "flat"
 
     def __init__(self, comm: Comm):
         self.comm = comm
@@ -55,6 +58,11 @@ class Exchange:
     def dense(self, items: list[Item], phases: Phases, dtype: torch.dtype) -> None:
         """Average the tensors the policy leaves dense (biases, BatchNorm): one allreduce in ``dtype``."""
         allreduce_dense(items, self.comm, phases, dtype, self.buckets)
+
+    def agree_max_(self, flags: torch.Tensor) -> torch.Tensor:
+        """The step's agreement (:mod:`dgc.guard`): ``flags``, in place, the element-wise maximum over every worker;
+        one small allreduce over all of them."""
+        return self.comm.allreduce_max_(flags)
 
     def run_packed(self, compressor: Compressor, items: list[Item], rider: Rider) -> None:
         """:meth:`run` with ``rider`` (the values left dense, the agreement's flags) in the compressor's first

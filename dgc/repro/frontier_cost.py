@@ -50,7 +50,7 @@ from typing import Any
 
 from dgc.costmodel import hardware
 from dgc.costmodel.hardware import Link, Profile, Workload
-from dgc.guard import REQUESTS
+from dgc.guard import AGREEMENT_BYTES
 
 #: the links of the projection: Gbit/s per worker and direction, and the latency of one message (ms)
 LINKS_GBPS = (1.0, 10.0, 25.0)
@@ -65,10 +65,6 @@ COLLECTIVES: dict[str, tuple[str, ...]] = {
     "powersgd": ("allreduce", "allreduce", "rest"), "dgc": ("lengths", "allgather", "rest"),
     "dgc_chunk": ("allgather", "rest"), "demo": ("allgather",), "sparseloco": ("allgather", "rest"),
 }  # fmt: skip
-
-
-#: the agreement's allreduce before every exchange: a byte per flag (non-finite, and each of dgc.guard.REQUESTS)
-AGREEMENT_BYTES = 1 + len(REQUESTS)
 
 #: wire-bench configurations the frontier table does not run, priced by the bench-only projection beside its arms
 #: (no accuracy): what DGC's step would be in one collective, every tensor (biases, BatchNorm too) in its chunk
