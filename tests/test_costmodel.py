@@ -39,6 +39,21 @@ def test_every_method_pays_the_agreement_the_bench_times_with_it() -> None:
          "dense_rest_bytes": 500.0}  # fmt: skip
     assert costmodel._net_features(o)[0] == 2 * 3 + 2 * 3 + 2 * 3
     assert costmodel._net_features({**o, "nodes": 1})[0] == 0
+    # hierarchical agrees by machine: among 4 machines of 2 ranks, 2 x 3 hops, not the 2 x 7 of all 8 ranks
+    h = {**o, "method": "dgc_hierarchical", "nodes": 8, "ranks_per_node": 2, "machines": 4, "compressed_numel": 1000,
+         "agreement": "by_machine"}  # fmt: skip
+    assert costmodel._net_features(h)[0] == 2 * 3 + 2 * 3 + 2 * 3
+    # a run measured while it agreed over all 8 ranks (before the exchange agreed by machine) is fitted as it ran
+    assert costmodel._net_features({**h, "agreement": "flat"})[0] == 2 * 3 + 2 * 3 + 2 * 7
+    assert costmodel._agreement("dgc_hierarchical") == "by_machine" and costmodel._agreement("dgc") == "flat"
+    # the projection's dense baseline is DDP as users run it: no agreement
+    none = {"method": "none", "nodes": 4, "rate": "1gbit", "numel": 1000}
+    assert costmodel._net_features(none)[0] == 2 * 3 + 2 * 3
+    assert costmodel._net_features({**none, "agreement": "none"})[0] == 2 * 3
+    params = {"alpha": 1.0, "efficiency": 1e9, "reduce_fp16": 0.0, "cpu_none": 0.0, "cpu_dgc": 0.0}
+    w = costmodel.StepBytes(1000, 100.0)
+    assert costmodel.project(params, w, "none", 4, 1, "1gbit", 1e9) == pytest.approx(2 * 3, rel=1e-6)
+    assert costmodel.project(params, w, "dgc", 4, 1, "1gbit", 1e9) == pytest.approx(3 + 3 + 2 * 3, rel=1e-6)
 
 
 def test_dense_rest_by_allgather_when_one_bit() -> None:
@@ -103,10 +118,13 @@ def test_command_line_writes_report_and_plot(tmp_path: Path, capsys: pytest.Capt
     assert report["max_abs_error"] < 1e-6 and out.with_suffix(".png").stat().st_size > 0
     assert set(report["projection"]["speedup"]) == {"1gbit", "10gbit", "25gbit"}
     speedup = report["projection"]["speedup"]["1gbit"]
-    # one worker per machine at 1 Gbps: DGC beats the fp32 allreduce at every N > 1
-    for i, n in enumerate(report["projection"]["machines"]):
-        if n > 1:
+    # one worker per machine at 1 Gbps: DGC beats the fp32 allreduce (as DDP runs it) from 2 to 128 workers; then
+    # flat DGC has stopped scaling (each worker receives every other's message) and the allreduce catches up
+    machines = report["projection"]["machines"]
+    for i, n in enumerate(machines):
+        if 1 < n <= 128:
             assert speedup["dgc"][i] > speedup["none"][i]
+    assert machines[-2:] == [128, 256] and speedup["dgc"][-1] < 1.1 * speedup["dgc"][-2]
     assert json.loads(capsys.readouterr().out)["max_abs_error"] < 1e-6
 
 

@@ -24,8 +24,10 @@ scheduling and the network's delay):
 
 Every method's step also starts with the workers' agreement (:mod:`dgc.guard`: a non-finite gradient anywhere, stop
 and checkpoint requests), one allreduce of :data:`~dgc.guard.AGREEMENT_BYTES` over all N ranks: ``2 (N-1) alpha``
-and a few bytes. The cluster bench's ``communicate_s`` includes it (it times :meth:`GradientSync.step`), so the model
-counts it too; left out, the fitted alpha would absorb it.
+and a few bytes; ``exchange=hierarchical`` agrees by machine (inside it, then among the M machines: ``2 (M-1)
+alpha``). The cluster bench's ``communicate_s`` includes it (it times :meth:`GradientSync.step`; each run records
+its exchange's ``agreement``), so the calibration counts it, as each run made it; left out, the fitted alpha would
+absorb it. The projection (:func:`project`) prices the dense methods as DDP runs them, without it.
 
 A method's exchange is its collectives plus its CPU work (packing, selection, encoding,
 decoding): ``cpu_s = (cpu_s_per_value * numel + cpu_s_per_message_byte * N * message_bytes)
@@ -56,9 +58,9 @@ machines of 8 GPUs at 1, 10 and 25 Gbps). Speed-up: ``N * T_compute / (T_compute
 (no overlap of computation and communication), for a given per-worker compute time per step.
 ``python -m dgc.bench costmodel --explain --machines 128 --ranks-per-node 8 --rate 1gbit`` prints the
 predicted exchange of every DGC exchange for one setting and the one :func:`choose_exchange` picks
-(what ``sync.exchange=auto`` does at start-up: "hierarchical is 8.90x faster than flat" compares exchange
+(what ``sync.exchange=auto`` does at start-up: "hierarchical is 8.85x faster than flat" compares exchange
 times alone), then the speed-up over one worker of a whole step with ``--compute-s`` of compute, the
-projection's quantity (at 128 x 8 and 1 Gbps, hierarchical's is 7.96x flat's: the compute is common to both).
+projection's quantity (at 128 x 8 and 1 Gbps, hierarchical's is 7.97x flat's: the compute is common to both).
 """
 
 from __future__ import annotations
@@ -176,6 +178,7 @@ def _observations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             obs.append(
                 {
                     "method": name,
+                    "agreement": row.get("agreement", "flat"),  # runs before it was recorded: flat (then every one)
                     "nodes": r["nodes"],
                     "ranks_per_node": per_node,
                     "machines": r["nodes"] // per_node,
@@ -221,10 +224,18 @@ def _cpu_features(o: dict[str, Any]) -> list[float]:
 def _net_features(o: dict[str, Any]) -> list[float]:
     """Network time is linear in (alpha, 1/efficiency, fp16 reduce cost, local bus s/byte): its coefficients."""
     alpha, beta, reduce16, local = _exchange_features(o)
-    n = o["nodes"]
-    if n > 1:  # the agreement: one allreduce of a few bytes over all N ranks, every method's
-        alpha += 2 * (n - 1)
-        beta += 2 * (n - 1) / n * AGREEMENT_BYTES / rate_bytes(o["rate"])
+    n, r = o["nodes"], o.get("ranks_per_node", 1)
+    # the agreement, as the run made it (Exchange.agreement): one allreduce of a few bytes over all N ranks, or by
+    # machine (inside it, then among the M machines: R rings of M in parallel); "none": DDP as users run it
+    agreement = o.get("agreement", "flat")
+    ring = o.get("machines", n) if agreement == "by_machine" and r > 1 else n
+    if agreement == "none":
+        ring = n
+    elif ring > 1:
+        alpha += 2 * (ring - 1)
+        beta += 2 * (ring - 1) / ring * AGREEMENT_BYTES / rate_bytes(o["rate"])
+    if ring < n:
+        local += 2 * (r - 1) / r * AGREEMENT_BYTES
     return [alpha, beta, reduce16, local]
 
 
@@ -396,9 +407,19 @@ def auto_exchange(report: str, numel: int, world_size: int, ranks_per_node: int,
     return best, reason
 
 
+def _agreement(method: str) -> str:
+    """How a projected method's step agrees: as its exchange does now (:attr:`dgc.exchanges.Exchange.agreement`);
+    the dense methods as DDP runs them, without one."""
+    from dgc.exchanges import EXCHANGES
+
+    by_method = {m: EXCHANGES.get(name).agreement for name, m in EXCHANGE_METHODS.items()}
+    return by_method.get(method, "flat") if o_sparse(method) else "none"
+
+
 def project(params: dict[str, float], w: StepBytes, method: str, machines: int, r: int, rate: str,
             local_bandwidth: float) -> float:  # fmt: skip
-    """Predicted exchange seconds of ``method`` on ``machines`` x ``r`` ranks, no CPU contention."""
+    """Predicted exchange seconds of ``method`` on ``machines`` x ``r`` ranks, no CPU contention; the dense methods
+    (``none``, ``fp16``) as DDP runs them, without the agreement DGC's step starts with."""
     n = machines * r
     if n == 1:
         return 0.0
@@ -406,7 +427,7 @@ def project(params: dict[str, float], w: StepBytes, method: str, machines: int, 
                          "numel": w.numel, "compressed_numel": w.numel, "message_bytes": w.message_bytes,
                          "dense_rest_bytes": w.dense_rest_bytes if o_sparse(method) else 0.0,
                          "recv_sparse_bytes": w.sar_volume * (n - 1) / n, "contention": 1.0,
-                         "local_s_per_byte": 1 / local_bandwidth}  # fmt: skip
+                         "local_s_per_byte": 1 / local_bandwidth, "agreement": _agreement(method)}  # fmt: skip
     if method == "dgc_hierarchical":
         o["message_bytes"] = w.message_bytes / r  # each shard owner selects from 1/R of the values
     return predict(params, o)

@@ -37,7 +37,7 @@ Steps (T = the compute of one step on one GPU, a fraction ``backward`` of it the
 * ``dgc``: the serial hook: after the backward pass, the workers' agreement (:data:`dgc.guard.AGREEMENT_BYTES`: a
   non-finite gradient anywhere, stop and checkpoint requests; one small allreduce), compress, exchange, decode:
   nothing is hidden. Every DGC method pays the agreement before each exchange (the overlapped one before each
-  bucket); DDP has none.
+  bucket; the hierarchical one inside the machine, then between machines); DDP has none.
 * ``dgc_overlap``: each bucket compressed and exchanged when ready, on a stream of its own; the compressor's memory
   passes share the GPU with the backward pass (added to the compute), its launches and host syncs and the
   exchange are on the bucket pipeline. Kernels and syncs per bucket: assumed those of the whole step (the
@@ -256,7 +256,8 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
             step += compress
     elif method == "dgc":
         compress = work_s(p, w, "dgc", w.numel) + p.decode_s(n * message, dense)
-        network = agree + allgather_s(p, 8, machines) + allgather_s(p, message, machines) + allreduce_s(p, rest, machines)
+        network = agree + allgather_s(p, 8, machines) + allgather_s(p, message, machines)
+        network += allreduce_s(p, rest, machines)
         step = t + compress + network
     elif method == "dgc_overlap":
         buckets = ddp_buckets(dense)
@@ -276,7 +277,9 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
     elif method == "dgc_hierarchical":
         shard = w.numel / r
         compress = work_s(p, w, "dgc", shard) + p.decode_s(machines * message / r, dense)
-        network = agree + 2 * _intra_s(p, dense) + allreduce_s(replace(p, gpus_per_machine=1), rest, machines)
+        between = replace(p, gpus_per_machine=1)  # R rings of the M machines in parallel, one per GPU of a machine
+        agree = allreduce_s(p, AGREEMENT_BYTES, 1) + allreduce_s(between, AGREEMENT_BYTES, machines)  # by machine
+        network = agree + 2 * _intra_s(p, dense) + allreduce_s(between, rest, machines)
         if machines > 1:
             network += (p.base_latency_us + (machines - 1) * p.inter.latency_us) * 1e-6 + (
                 machines - 1) * message / p.inter.bytes_per_s  # fmt: skip
