@@ -27,7 +27,8 @@ raised it. The bytes a worker sends are the same; what it receives grows: an all
 copies of the dense values (a ring allreduce about 2), so packing pays where latency dominates (few workers, long
 links) and not on a slow LAN with many workers (docs/performance.md). With the agreement in the message the step
 runs before the workers have agreed on it: :class:`~dgc.sync.GradientSync` copies the compression state first and
-puts it back on every worker when any gradient was not finite. Only the ``flat`` exchange packs; every tensor stays
+puts it back on every worker when any gradient was not finite (under the overlapped hook, each bucket's flags
+ride in its own message and are read together at the step's end). Only the ``flat`` exchange packs; every tensor stays
 on the gradients' device, and the flags are read on the host once, after the exchange, as the agreement's are.
 """
 

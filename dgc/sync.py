@@ -80,9 +80,9 @@ def check_clip_norm(clip_norm: Any) -> None:
 PACKS = ("none", "dense", "all")
 
 
-def check_pack(pack: Any, exchange: str, dense_values: str, overlap: bool) -> None:
-    """ValueError unless ``pack`` is one of :data:`PACKS` that the exchange, the dense values' format and the
-    overlap allow."""
+def check_pack(pack: Any, exchange: str, dense_values: str, overlap: bool = False) -> None:
+    """ValueError unless ``pack`` is one of :data:`PACKS` that the exchange and the dense values' format allow (the
+    overlapped exchange packs every one: each bucket's flags ride in its own message, read at the step's end)."""
     if pack not in PACKS:
         raise ValueError(f"sync.pack must be one of {', '.join(PACKS)}, got {pack!r}")
     if pack != "none" and exchange != "flat":
@@ -92,9 +92,6 @@ def check_pack(pack: Any, exchange: str, dense_values: str, overlap: bool) -> No
         raise ValueError(f"sync.pack={pack} sends the dense values as they are: not with "
                          "sync.policy.dense_values=1bit (1-bit keeps residuals of its own); "
                          "use fp32, fp16 or bf16")  # fmt: skip
-    if pack == "all" and overlap:
-        raise ValueError("sync.pack=all carries the step's agreement in the compressor's message, but the overlapped "
-                         "exchange agrees bucket by bucket: use sync.pack=dense with sync.overlap=true")  # fmt: skip
 
 
 #: ``clip_scope``: what local clipping bounds (GradientSync's docstring)
@@ -143,6 +140,9 @@ class OpenStep:
     extra: list[tuple[Compressor, dict[str, Any]]] = field(default_factory=list)
     #: copies of the per-tensor state the parts changed, taken before: ``(compressor, name, {key: copy})``
     saved: list[tuple[Compressor, str, dict[str, torch.Tensor]]] = field(default_factory=list)
+    #: ``pack="all"``: each packed part's agreement flags, averaged over the workers, left on the device until
+    #: :meth:`GradientSync.end` reads them all at once
+    agreed: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, traffic: Traffic) -> None:
         self.traffic.sent += traffic.sent
@@ -241,8 +241,9 @@ class GradientSync:
             collective fewer per step, the same average up to rounding, more bytes received where the compressor
             allgathers); ``"all"``: those and the step's agreement (non-finite gradients, requests), instead of in an
             allreduce before the step (one more collective fewer; the compression state of the step is copied first
-            and put back when any worker's gradient was not finite). ``flat`` exchange only; not with
-            ``policy.dense_values="1bit"``; ``"all"`` not with ``overlap``.
+            and put back when any worker's gradient was not finite; with ``overlap``, each bucket's flags ride in
+            its message and are read once, at the step's end). ``flat`` exchange only; not with
+            ``policy.dense_values="1bit"``.
     """
 
     def __init__(
@@ -509,7 +510,9 @@ class GradientSync:
         """Exchange one part of the step's ``(param, grad)`` pairs in place, as :meth:`sync` does the whole: its own
         agreement first (a non-finite gradient in this part on any worker, or a request), clipping per tensor.
         Every worker must give the same parts in the same order. Once a part is agreed non-finite, the rest are
-        only zeroed, and :meth:`end` puts back the state the earlier parts changed."""
+        only zeroed, and :meth:`end` puts back the state the earlier parts changed. With ``pack="all"`` a part with
+        a compressed tensor sends its agreement's flags in its message instead, and runs before the workers know
+        them: :meth:`end` reads every part's flags at once (one host read a step) and undoes the step there."""
         pairs = sorted(pairs, key=lambda pg: self._order[self.name_of(pg[0])])
         step.pairs.extend(pairs)
         grads = [g for _, g in pairs]
@@ -517,24 +520,39 @@ class GradientSync:
             torch._foreach_zero_(grads)
             return
         phases = step.phases
-        norms, skipped, requests, control = self._guard(grads, phases, clip=bool(self.clip_norm))
-        step.control += control
-        step.requests.update(requests)
-        if skipped:
-            step.skipped = True
-            return
+        flags = None
+        if self.pack == "all" and any(self.is_compressed(p) for p, _ in pairs):
+            self.comm.phases = phases
+            self.comm.reset_traffic()
+            with phases("compress"):
+                norms, bad = self._norms(grads, clip=bool(self.clip_norm))
+                flags = self.guard.flags(bad, grads[0].device)
+            step.control += flags.numel() * DTYPES.get(self.policy.dense_values, torch.float32).itemsize
+        else:
+            norms, skipped, requests, control = self._guard(grads, phases, clip=bool(self.clip_norm))
+            step.control += control
+            step.requests.update(requests)
+            if skipped:
+                step.skipped = True
+                return
         with phases("compress"):
             self._clip(grads, norms)
             compressed, dense = self._prepare(pairs)
             if self.guard.check_finite:
                 step.save(self._compressors(), [it.name for it in compressed + dense])
-        step.dense_sent += self._exchange(compressed, dense, phases)
+        step.dense_sent += self._exchange(compressed, dense, phases, flags)
+        if flags is not None:
+            step.agreed.append(self._agreed)
         step.compressed.extend(compressed)
         step.add(self.comm.reset_traffic())
 
     def end(self, step: OpenStep) -> StepStats:
         """Finish a step given in parts: when any part was skipped, every part's gradients are zeroed and the
         compression state is as it was before the step, on every worker."""
+        if step.agreed:  # pack="all": the flags every packed part carried, read at once
+            skipped, requests = self.guard.read(torch.stack(step.agreed).amax(0))
+            step.skipped = step.skipped or skipped
+            step.requests.update(requests)
         if step.skipped:
             step.restore()
             if step.pairs:

@@ -66,10 +66,10 @@ def test_per_tensor_clipping_is_not_the_whole_gradient_clip() -> None:
 # -- the non-finite guard over a step in parts ---------------------------------------------------------------
 
 
-def _nan_in_the_last_bucket(rank: int, world: int) -> dict:
+def _nan_in_the_last_bucket(rank: int, world: int, pack: str = "none") -> dict:
     model = make_model()
     sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.1, warmup_epochs=0), clip_norm=1.0,
-                            overlap=True)  # fmt: skip
+                            overlap=True, pack=pack)  # fmt: skip
     opt = dgc.SGD(model.parameters(), sync, lr=0.05, momentum=0.9, weight_decay=1e-4)
     net = DDP(model, bucket_cap_mb=BUCKET_MB)
     net.register_comm_hook(sync, dgc.ddp_comm_hook)
@@ -96,8 +96,9 @@ def _nan_in_the_last_bucket(rank: int, world: int) -> dict:
     return out
 
 
-def test_a_nan_in_one_workers_last_bucket_leaves_every_workers_state_and_model_untouched() -> None:
-    outs = run(_nan_in_the_last_bucket, 2)
+@pytest.mark.parametrize("pack", ["none", "all"])  # all: each bucket's flags in its message, read at the end
+def test_a_nan_in_one_workers_last_bucket_leaves_every_workers_state_and_model_untouched(pack) -> None:
+    outs = run(_nan_in_the_last_bucket, 2, pack)
     for rank, out in enumerate(outs):
         skipped, requests, _ = out["stats"]
         assert skipped, f"rank {rank} did not skip the step with rank 1's NaN"
