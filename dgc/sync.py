@@ -80,7 +80,7 @@ def check_clip_norm(clip_norm: Any) -> None:
 PACKS = ("none", "dense", "all")
 
 
-def check_pack(pack: Any, exchange: str, dense_values: str, overlap: bool = False) -> None:
+def check_pack(pack: Any, exchange: str, dense_values: str) -> None:
     """ValueError unless ``pack`` is one of :data:`PACKS` that the exchange and the dense values' format allow (the
     overlapped exchange packs every one: each bucket's flags ride in its own message, read at the step's end)."""
     if pack not in PACKS:
@@ -293,7 +293,7 @@ class GradientSync:
         )
         if not compressor.handles_all_tensors or self.exchange.name != "flat":
             self.exchange.check(compressor)
-        check_pack(pack, self.exchange.name, self.policy.dense_values, self.overlap)
+        check_pack(pack, self.exchange.name, self.policy.dense_values)
         #: what else travels in the compressor's message: none, dense (values), all (and the agreement)
         self.pack = pack
         #: why the exchange was chosen (SyncConfig with exchange=auto), empty otherwise

@@ -61,7 +61,7 @@ class SyncConfig:
         check_accumulate(self.accumulate)
         resolve_clip_scope(self.clip_scope, self.overlap, self.clip_norm)
         if self.exchange != "auto":
-            check_pack(self.pack, self.exchange, self.policy.dense_values, self.overlap)
+            check_pack(self.pack, self.exchange, self.policy.dense_values)
         if self.overlap and not self.ddp_hook:
             raise ValueError("sync.overlap=true needs sync.ddp_hook=true: the overlap runs in DDP's communication "
                              "hook, bucket by bucket")  # fmt: skip

@@ -228,14 +228,13 @@ def _net_features(o: dict[str, Any]) -> list[float]:
     # the agreement, as the run made it (Exchange.agreement): one allreduce of a few bytes over all N ranks, or by
     # machine (inside it, then among the M machines: R rings of M in parallel); "none": DDP as users run it
     agreement = o.get("agreement", "flat")
-    ring = o.get("machines", n) if agreement == "by_machine" and r > 1 else n
-    if agreement == "none":
-        ring = n
-    elif ring > 1:
-        alpha += 2 * (ring - 1)
-        beta += 2 * (ring - 1) / ring * AGREEMENT_BYTES / rate_bytes(o["rate"])
-    if ring < n:
-        local += 2 * (r - 1) / r * AGREEMENT_BYTES
+    if agreement != "none":
+        ring = o.get("machines", n) if agreement == "by_machine" and r > 1 else n
+        if ring > 1:
+            alpha += 2 * (ring - 1)
+            beta += 2 * (ring - 1) / ring * AGREEMENT_BYTES / rate_bytes(o["rate"])
+        if ring < n:
+            local += 2 * (r - 1) / r * AGREEMENT_BYTES
     return [alpha, beta, reduce16, local]
 
 
