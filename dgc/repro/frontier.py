@@ -20,10 +20,8 @@ closest to DGC's measured 266x (``make demo``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the tables module builds its TABLES from this one's rows: Row is imported where rows are made
-    from dgc.repro.tables import Row
+from dgc.repro.rows import Row, seeded
 
 #: the setup of every arm: make demo's length, the validation split held out of the training images
 SETUP = ("train.epochs=4", "data.validation=5000")
@@ -82,8 +80,6 @@ def _lr(arm: Arm, multiplier: float) -> str:
 
 
 def grid_rows() -> tuple[Row, ...]:
-    from dgc.repro.tables import Row
-
     group = f"{GROUP}: learning-rate grid, validation split"
     return tuple(
         Row(f"{arm.key}-x{m:g}", group, f"{arm.method}, lr x{m:g}", "fmnist_resnet20", arm.compression, 4,
@@ -101,8 +97,6 @@ def grid_of(arm: Arm) -> tuple[float, ...]:
 
 
 def frontier_rows() -> tuple[Row, ...]:
-    from dgc.repro.tables import Row, seeded
-
     rows = []
     for arm in ARMS:
         chosen = CHOSEN[arm.key]

@@ -10,7 +10,8 @@ import io
 import textwrap
 from typing import Any
 
-from dgc.repro.tables import HEADLINE, METRICS, VALIDATION, Row, Run, Table
+from dgc.repro.rows import Row
+from dgc.repro.tables import HEADLINE, METRICS, VALIDATION, Run, Table
 
 
 def sd(values: list[float]) -> float | None:

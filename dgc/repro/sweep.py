@@ -36,7 +36,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from dgc.repro.tables import TABLES, Row, Table, get_table
+from dgc.repro.rows import Row
+from dgc.repro.tables import TABLES, Table, get_table
 
 SLURM_DIR = Path("launch/slurm")
 #: where the Slurm job logs go (``<job name>-<job id>.out``), relative to the submit directory, as the sbatch

@@ -23,9 +23,12 @@ Choices the paper leaves open, made here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from dgc.repro import frontier
+from dgc.repro.rows import Paper, Row, seeded
 
 #: the headline metric of each task kind, and whether higher is better
 HEADLINE = {"image": "top1", "language": "ppl", "speech": "wer"}
@@ -44,45 +47,6 @@ METRICS: dict[str, tuple[str, bool]] = {
     "dev_wer": ("WER % dev", False),
     "librivox_wer": ("WER % LibriVox", False),
 }
-
-
-@dataclass(frozen=True)
-class Paper:
-    """What the paper reports for one row (None: not reported)."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    dense_mb: float | None = None
-    sent_mb: float | None = None
-    ratio: float | None = None
-
-
-@dataclass(frozen=True)
-class Row:
-    #: run directory name under results/runs/<table>/
-    key: str
-    #: rows of one group share a baseline (Δ columns) and a plot panel
-    group: str
-    #: what the row is called in the table
-    method: str
-    task: str
-    compression: str
-    world_size: int
-    #: further dgc.train overrides
-    overrides: tuple[str, ...] = ()
-    paper: Paper = field(default_factory=Paper)
-    #: the group's reference for the Δ columns (the dense baseline, unless the paper compares otherwise)
-    baseline: bool = False
-    #: the run's seed (None: the config's); rows that differ only in the seed are one method, averaged
-    seed: int | None = None
-
-    def train_overrides(self) -> list[str]:
-        seed = [] if self.seed is None else [f"seed={self.seed}"]
-        return [f"task={self.task}", f"compression={self.compression}", *self.overrides, *seed]
-
-
-def seeded(rows: tuple[Row, ...], seeds: tuple[int, ...]) -> tuple[Row, ...]:
-    """Each row once per seed, keyed ``<key>-s<seed>``, seeds outermost (a sweep finishes one seed first)."""
-    return tuple(replace(r, key=f"{r.key}-s{seed}", seed=seed) for seed in seeds for r in rows)
 
 
 @dataclass(frozen=True)
@@ -314,9 +278,7 @@ _ANALOG = "another data set and model than the paper's: compare the Δ and the r
 
 
 def _frontier_tables() -> tuple[Table, ...]:
-    """cpu-frontier-grid and cpu-frontier (:mod:`dgc.repro.frontier`, which builds on this module's rows)."""
-    from dgc.repro import frontier
-
+    """cpu-frontier-grid and cpu-frontier (:mod:`dgc.repro.frontier`)."""
     source = ("No paper numbers: DGC beside DiLoCo, DeMo and SparseLoCo on one setup, the same samples and steps "
               "for every arm, bytes counted alike")  # fmt: skip
     return (
