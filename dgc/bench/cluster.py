@@ -50,7 +50,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +70,7 @@ from dgc.bench.common import (
 )
 from dgc.bench.ddp_e2e import DDP_METHODS, DEFAULT_DDP_METHODS, run_ddp_e2e
 from dgc.bench.ddp_e2e import comm_ratio as ddp_comm_ratio
-from dgc.topology import ranks_per_node_from_env
+from dgc.bench.emulated import NodeLink, e2e_config, setup_record, summarize
 
 NETCLUSTER = Path(__file__).resolve().parents[2] / "launch" / "netcluster.py"
 MODELS = ("resnet50", "alexnet", "lstm", "tiny")
@@ -287,24 +286,6 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 # -- the rank side --------------------------------------------------------------------------
-def _median(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0
-
-
-def _summarize(per_rank: list[dict[str, list[dict[str, float]]]], methods: list[str], keys: list[str]) -> dict:
-    """Per method: medians over steps of the slowest rank's value of every key."""
-    out: dict[str, Any] = {}
-    steps = len(per_rank[0][methods[0]])
-    for m in methods:
-        row: dict[str, Any] = {}
-        for key in keys:
-            worst = [max(rank[m][s][key] for rank in per_rank) for s in range(steps)]
-            row[key] = _median(worst)
-            row[f"{key}_runs"] = worst
-        out[m] = row
-    return out
-
-
 def worker(args: argparse.Namespace) -> None:
     from dgc.distributed import init_distributed, shutdown
 
@@ -378,7 +359,7 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
             "recv": {m: last[m].recv_bytes for m in methods}, "link": link.measures}  # fmt: skip
     dist.all_gather_object(gathered, mine)
     per_rank = [g["records"] for g in gathered]
-    summary = _summarize(per_rank, methods, ["exchange_s", "compress_s", "communicate_s", "decompress_s"])
+    summary = summarize(per_rank, methods, ["exchange_s", "compress_s", "communicate_s", "decompress_s"])
     nodes = [g for g in gathered if g["link"]]  # local rank 0 of each machine read its link
     for m in methods:
         per_node = [statistics.median(r["internode_bytes"] for r in g["records"][m]) for g in nodes]
@@ -412,61 +393,12 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
         "model": args.model,
         "numel": total,
         "tensors": len(params),
-        **_setup(args, info),
+        **setup_record(args, info),
         "methods": summary,
     }
 
 
-class NodeLink:
-    """Bytes this machine sent over its shaped link (the namespace's veth, from /sys), read by local rank 0."""
-
-    def __init__(self) -> None:
-        iface = os.environ.get("GLOO_SOCKET_IFNAME", "")
-        path = Path(f"/sys/class/net/{iface}/statistics/tx_bytes")
-        self.path = path if iface and os.environ.get("LOCAL_RANK", "0") == "0" and path.exists() else None
-
-    @property
-    def measures(self) -> bool:
-        return self.path is not None
-
-    def sent(self) -> int:
-        return int(self.path.read_text()) if self.path is not None else 0
-
-
-def _setup(args: argparse.Namespace, info) -> dict[str, Any]:  # noqa: ANN001
-    """The fields both modes record about how they ran."""
-    return {
-        "machines": info.world_size // ranks_per_node_from_env(),
-        "ranks_per_node": ranks_per_node_from_env(),
-        "nodes": info.world_size,
-        "rate": args.rate,
-        "threads_per_rank": args.threads,
-        "cores": os.cpu_count(),
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "seed": args.seed,
-    }
-
-
 # -- end to end -----------------------------------------------------------------------------
-def e2e_config(method: str, batch_size: int, seed: int, run_dir: str):  # noqa: ANN201
-    from dgc.repro.config import Config, DataConfig, ModelConfig, OptimConfig, TaskConfig, TrainConfig
-
-    spec = configuration("none" if method == "local" else method)
-    return Config(
-        task=TaskConfig(name="fmnist_wide", kind="image"),
-        model=ModelConfig(name="fmnist_wide", args={}),
-        data=DataConfig(name="fmnist", root="/usr/share/datasets/fashion-mnist", augment=False),
-        optim=OptimConfig(lr=0.01, momentum=0.9, weight_decay=1e-4, schedule="constant"),
-        compression=spec.compression,
-        sync=replace(spec.sync),
-        train=TrainConfig(epochs=1.0, batch_size=batch_size, log_every=1, progress=False),
-        run_dir=run_dir,
-        seed=seed,
-        device="cpu",
-    )
-
-
 def run_e2e(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any]:  # noqa: ANN001
     import torch.distributed as dist
 
@@ -497,7 +429,7 @@ def run_e2e(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any
             log(f"  step {step + 1}/{args.warmup + args.steps}" + (" (warm-up)" if step < args.warmup else ""))
     gathered: list[Any] = [None] * info.world_size
     dist.all_gather_object(gathered, records)
-    summary = _summarize(gathered, methods, ["step_s", "compute_s", "compress_s", "communicate_s"])
+    summary = summarize(gathered, methods, ["step_s", "compute_s", "compress_s", "communicate_s"])
     local = summary.get("local", {}).get("step_s")
     for name in methods:
         row = summary[name]
@@ -513,7 +445,7 @@ def run_e2e(args: argparse.Namespace, methods: list[str], info) -> dict[str, Any
         "model": "fmnist_wide (conv 1-64-128, fc 6272-2048-2048-10)",
         "numel": numel,
         "batch_size_per_rank": args.batch_size,
-        **_setup(args, info),
+        **setup_record(args, info),
         "methods": summary,
     }
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from dgc.bench.common import BenchError, log
+from dgc.bench.emulated import NodeLink, e2e_config, setup_record, summarize
 
 #: the methods of this harness, in output order
 DDP_METHODS = ("local", "ddp", "ddp_bf16", "ddp_powersgd1", "ddp_powersgd4", "dgc", "dgc_overlap")
@@ -91,7 +92,6 @@ def run_ddp_e2e(args: Any, methods: list[str], info: Any) -> dict[str, Any]:
     """The rank side: every method's steps, interleaved; rank 0 gets the summary."""
     import torch.distributed as dist
 
-    from dgc.bench.cluster import NodeLink, _setup, _summarize, e2e_config
     from dgc.comm import Comm
     from dgc.repro.trainer import Trainer
 
@@ -132,7 +132,7 @@ def run_ddp_e2e(args: Any, methods: list[str], info: Any) -> dict[str, Any]:
             log(f"  step {step + 1}/{args.warmup + args.steps}" + (" (warm-up)" if step < args.warmup else ""))
     gathered: list[Any] = [None] * info.world_size
     dist.all_gather_object(gathered, {"records": records, "measures": link.measures})
-    summary = _summarize([g["records"] for g in gathered], live, ["step_s"])
+    summary = summarize([g["records"] for g in gathered], live, ["step_s"])
     local = summary.get("local", {}).get("step_s")
     nodes = [g for g in gathered if g["measures"]]
     for name in live:
@@ -156,7 +156,7 @@ def run_ddp_e2e(args: Any, methods: list[str], info: Any) -> dict[str, Any]:
         "numel": numel,
         "batch_size_per_rank": args.batch_size,
         "ddp_bucket_cap_mb": 25,
-        **_setup(args, info),
+        **setup_record(args, info),
         "methods": summary,
     }
 
