@@ -32,7 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dgc.sync import GradientSync, OpenStep
+from dgc.openstep import OpenStep
+from dgc.sync import GradientSync
 
 
 def bucket_pairs(buffer: torch.Tensor, params: list[torch.Tensor], grads: list[torch.Tensor]
