@@ -60,8 +60,10 @@ class SyncConfig:
             raise ValueError(f"sync.local_bus must be one of {', '.join(LOCAL_BUSES)}, got {self.local_bus!r}")
         check_accumulate(self.accumulate)
         resolve_clip_scope(self.clip_scope, self.overlap, self.clip_norm)
-        if self.exchange != "auto":
-            check_pack(self.pack, self.exchange, self.policy.dense_values)
+        check_pack(self.pack, "flat" if self.exchange == "auto" else self.exchange, self.policy.dense_values)
+        if self.exchange == "auto" and self.pack != "none":
+            raise ValueError(f"sync.pack={self.pack} needs sync.exchange=flat, and sync.exchange=auto may choose "
+                             "another: set sync.exchange=flat, or sync.pack=none")  # fmt: skip
         if self.overlap and not self.ddp_hook:
             raise ValueError("sync.overlap=true needs sync.ddp_hook=true: the overlap runs in DDP's communication "
                              "hook, bucket by bucket")  # fmt: skip

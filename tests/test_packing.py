@@ -224,6 +224,10 @@ def test_pack_is_refused_where_it_cannot_apply():
         SyncConfig(pack=True)
     with pytest.raises(ValueError, match="needs sync.exchange=flat, got hierarchical"):
         SyncConfig(pack="all", exchange="hierarchical")
+    with pytest.raises(ValueError, match="sync.exchange=auto may choose another: set sync.exchange=flat"):
+        SyncConfig(pack="dense", exchange="auto")
+    with pytest.raises(ValueError, match="sync.pack must be one of none, dense, all, got 'yes'"):
+        SyncConfig(pack="yes", exchange="auto")  # checked whatever the exchange
     SyncConfig(pack="all", ddp_hook=True, overlap=True)  # each bucket's flags in its message (test_overlap)
 
 

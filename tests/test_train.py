@@ -183,6 +183,7 @@ def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
             "use clip_scope=tensor (or auto) with sync.overlap=true",
         ),
         (["sync.pack=all", "sync.exchange=hierarchical"], "sync.pack=all needs sync.exchange=flat"),
+        (["sync.pack=dense", "sync.exchange=auto"], "sync.exchange=auto may choose another: set sync.exchange=flat"),
     ],
     ids=[
         "unknown-task",
@@ -196,6 +197,7 @@ def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
         "overlap-without-hook",
         "overlap-whole-clip",
         "pack-dense-hierarchical",
+        "pack-with-auto-exchange",
     ],
 )
 def test_bad_overrides(override, message, fmnist, tmp_path):
