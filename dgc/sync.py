@@ -300,6 +300,21 @@ class GradientSync:
             torch._foreach_zero_(grads)
         return norms, skipped, requests, control
 
+    def _packs_agreement(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Whether these pairs' exchange carries the agreement's flags (``pack="all"`` and a compressed tensor)."""
+        return self.pack == "all" and any(self.is_compressed(p) for p, _ in pairs)
+
+    def _flags(self, grads: list[torch.Tensor], phases: Phases, clip: bool
+               ) -> tuple[list[torch.Tensor], torch.Tensor, int]:  # fmt: skip
+        """:meth:`_guard`'s counterpart when the flags ride in the compressor's message: the gradient norms, this
+        worker's flags (nothing sent yet) and their bytes in the message (control, reported apart)."""
+        self.comm.phases = phases
+        self.comm.reset_traffic()
+        with phases("compress"):
+            norms, bad = self._norms(grads, clip)
+            flags = self.guard.flags(bad, grads[0].device)
+        return norms, flags, flags.numel() * DTYPES.get(self.policy.dense_values, torch.float32).itemsize
+
     def check_local(self) -> StepStats:
         """This worker's own check, nothing sent (the inner steps of :mod:`dgc.localsteps`, where each worker steps on
         its own): a non-finite gradient here zeroes this worker's gradients and sets :attr:`StepStats.skipped` (one
@@ -331,7 +346,7 @@ class GradientSync:
             self._warn_no_epoch()
         phases = Phases(cuda_sync=self.timing and any(g.is_cuda for _, g in pairs))
         grads = [g for _, g in pairs]
-        if self.pack == "all" and any(self.is_compressed(p) for p, _ in pairs):
+        if self._packs_agreement(pairs):
             return self._sync_in_one(pairs, grads, phases)
         norms, skipped, requests, control = self._guard(grads, phases, clip=bool(self.clip_norm))
         if skipped:
@@ -348,23 +363,17 @@ class GradientSync:
         runs before the workers agree on it: its compression state is copied first and put back, on every worker,
         when any worker's gradient was not finite (a non-finite gradient here still goes through the compressor:
         the step is undone everywhere, as :meth:`end` undoes an overlapped one)."""
-        self.comm.phases = phases
-        self.comm.reset_traffic()
-        device = grads[0].device
+        norms, flags, control = self._flags(grads, phases, clip=bool(self.clip_norm))
         with phases("compress"):
-            norms, bad = self._norms(grads, clip=bool(self.clip_norm))
-            flags = self.guard.flags(bad, device)
             self._clip(grads, norms)
             compressed, dense = self._prepare(pairs)
             if self.guard.check_finite:
                 self._before.take(self._compressors(), [it.name for it in compressed])
-        dtype = DTYPES.get(self.policy.dense_values, torch.float32)
         dense_sent = self._exchange(compressed, dense, phases, flags)
         skipped, requests = self.guard.read(self._agreed)
         if skipped:  # only a step with a non-finite gradient somewhere: then check_finite is on, the copy taken
             self._before.put_back()
             torch._foreach_zero_(grads)
-        control = flags.numel() * dtype.itemsize
         return self._finish(pairs, [] if skipped else compressed, phases, control, dense_sent, skipped, requests)
 
     def _prepare(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[Item], list[Item]]:
@@ -438,13 +447,9 @@ class GradientSync:
             return
         phases = step.phases
         flags = None
-        if self.pack == "all" and any(self.is_compressed(p) for p, _ in pairs):
-            self.comm.phases = phases
-            self.comm.reset_traffic()
-            with phases("compress"):
-                norms, bad = self._norms(grads, clip=bool(self.clip_norm))
-                flags = self.guard.flags(bad, grads[0].device)
-            step.control += flags.numel() * DTYPES.get(self.policy.dense_values, torch.float32).itemsize
+        if self._packs_agreement(pairs):
+            norms, flags, control = self._flags(grads, phases, clip=bool(self.clip_norm))
+            step.control += control
         else:
             norms, skipped, requests, control = self._guard(grads, phases, clip=bool(self.clip_norm))
             step.control += control

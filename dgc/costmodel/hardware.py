@@ -197,6 +197,14 @@ def _intra_s(p: Profile, nbytes: float) -> float:
         p.intra.bytes_per_s)  # fmt: skip
 
 
+def agreement_s(p: Profile, machines: int, by_machine: bool = False) -> float:
+    """The workers' agreement before a DGC exchange (:data:`dgc.guard.AGREEMENT_BYTES`): one allreduce over every GPU,
+    or by machine (inside it, then R rings of the M machines in parallel: ``exchange=hierarchical``)."""
+    if not by_machine:
+        return allreduce_s(p, AGREEMENT_BYTES, machines)
+    return allreduce_s(p, AGREEMENT_BYTES, 1) + allreduce_s(replace(p, gpus_per_machine=1), AGREEMENT_BYTES, machines)
+
+
 def work_s(p: Profile, w: Workload, kind: str, values: float, buckets: int = 1) -> float:
     return sum(p.work_s(w, kind, values, buckets))
 
@@ -244,7 +252,7 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
     message = kept * w.bytes_per_kept
     rest = 4 * w.dense_rest
     compress = network = 0.0
-    agree = allreduce_s(p, AGREEMENT_BYTES, machines)  # every DGC method's, before each exchange (or bucket)
+    agree = agreement_s(p, machines, by_machine=method == "dgc_hierarchical")  # DGC's, before each exchange/bucket
     if method in ("ddp_fp32", "ddp_bf16"):
         half = method == "ddp_bf16"
         buckets = ddp_buckets(dense)
@@ -278,7 +286,6 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
         shard = w.numel / r
         compress = work_s(p, w, "dgc", shard) + p.decode_s(machines * message / r, dense)
         between = replace(p, gpus_per_machine=1)  # R rings of the M machines in parallel, one per GPU of a machine
-        agree = allreduce_s(p, AGREEMENT_BYTES, 1) + allreduce_s(between, AGREEMENT_BYTES, machines)  # by machine
         network = agree + 2 * _intra_s(p, dense) + allreduce_s(between, rest, machines)
         if machines > 1:
             network += (p.base_latency_us + (machines - 1) * p.inter.latency_us) * 1e-6 + (

@@ -201,7 +201,7 @@ def step_s(arm: ArmCost, p: Profile, workers: int = WORKERS, w: Workload = hardw
     if arm.kind == "ddp":
         method = "ddp_bf16" if arm.compression == "bf16" else "ddp_fp32"
         return hardware.step_s(p, w, method, workers)["step_s"]
-    agree = arm.agreements * hardware.allreduce_s(p, AGREEMENT_BYTES, workers)
+    agree = arm.agreements * hardware.agreement_s(p, workers)
     return w.compute_s + exchange_s(arm, p, workers) / arm.every + agree
 
 
