@@ -74,7 +74,7 @@ bench: install ## selection, wire-size and GPU launch-count benchmarks, JSON und
 	$(PY) -m dgc.bench wire --model resnet50 --out results/bench/wire.json
 	$(PY) -m dgc.repro.frontier_cost --table cpu-frontier --wire results/bench/wire.json \
 	  > results/bench/frontier-projection.md.tmp && mv results/bench/frontier-projection.md.tmp results/bench/frontier-projection.md
-	$(PY) -m dgc.bench ops --methods none,fp16,topk,dgc,dgc_chunk,dgc_chunk_packed_all,terngrad,qsgd,powersgd --out results/bench/ops.json
+	$(PY) -m dgc.bench ops --methods none,fp16,topk,dgc,dgc_chunk,dgc_chunk_packed_all,terngrad,qsgd,powersgd --bucket-mb 25 --out results/bench/ops.json
 
 CLUSTER := $(PY) -m dgc.bench cluster
 RN50 := --model resnet50 --steps 7

@@ -1,7 +1,8 @@
 """A step that may be undone: the record of a step whose gradients come in parts (:class:`OpenStep`, the overlapped
-DDP hook's), and copies of the compressors' state taken before a step, put back on every worker when any worker's
-gradient was not finite (:class:`StateCopy` for ``sync.pack=all``, :meth:`OpenStep.save` for the parts: both through
-:func:`put_back`). :class:`~dgc.sync.GradientSync` decides when to take a copy and when to put it back."""
+DDP hook's), and copies of the compressors' state taken before a step (:class:`StateCopy`: at once for
+``sync.pack=all``, part by part through :meth:`OpenStep.save`), put back on every worker when any worker's gradient
+was not finite (:func:`put_back`). :class:`~dgc.sync.GradientSync` decides when to take a copy and when to put it
+back."""
 
 from __future__ import annotations
 
@@ -28,10 +29,9 @@ class OpenStep:
     traffic: Traffic = field(default_factory=Traffic)
     skipped: bool = False
     requests: set[str] = field(default_factory=set)
-    #: each compressor's extra state (random streams, thresholds) before the step, for :meth:`restore`
-    extra: list[tuple[Compressor, dict[str, Any]]] = field(default_factory=list)
-    #: copies of the per-tensor state the parts changed, taken before: ``(compressor, name, {key: copy})``
-    saved: list[tuple[Compressor, str, dict[str, torch.Tensor]]] = field(default_factory=list)
+    #: the compression state before the step: :meth:`GradientSync.begin` hands each step the same kept copy (its
+    #: buffers are reused from step to step), :meth:`save` adds each part's state to it
+    before: StateCopy = field(default_factory=lambda: StateCopy())
     #: ``pack="all"``: each packed part's agreement flags, averaged over the workers, left on the device until
     #: :meth:`GradientSync.end` reads them all at once
     agreed: list[torch.Tensor] = field(default_factory=list)
@@ -43,14 +43,13 @@ class OpenStep:
         self.traffic.local_sent += traffic.local_sent
 
     def save(self, compressors: list[Compressor], names: list[str]) -> None:
-        """Copy the state of ``names`` (before the part changes it). Costs a copy of that state, for one step."""
-        for c in compressors:
-            for name in names:
-                self.saved.append((c, name, {k: t.clone() for k, t in c.state.get(name, {}).items()}))
+        """Copy the state of ``names`` (before the part changes it) into :attr:`before`: one dispatch, into buffers
+        kept from step to step."""
+        self.before.add(compressors, names)
 
     def restore(self) -> None:
-        """Put back the state saved before the parts (:func:`put_back`)."""
-        put_back(self.saved, self.extra)
+        """Put back the state saved before the parts, and the extra state :attr:`before` started with."""
+        self.before.put_back()
 
 
 def put_back(saved: list[tuple[Compressor, str, dict[str, torch.Tensor]]],
@@ -68,9 +67,10 @@ def put_back(saved: list[tuple[Compressor, str, dict[str, torch.Tensor]]],
 
 
 class StateCopy:
-    """A copy of compressors' per-tensor state and extra state, taken before a step that may be undone (``pack="all"``):
-    its buffers are kept from step to step, so taking it is one dispatch (no allocation after the first step); putting
-    it back, in place, happens only when the step is undone."""
+    """A copy of compressors' per-tensor state and extra state, taken before a step that may be undone: at once
+    (:meth:`take`, ``pack="all"``), or started with the extra state and added to part by part (:meth:`start`,
+    :meth:`add`: the overlapped hook's buckets). Its buffers are kept from step to step, so each copy is one
+    dispatch (no allocation after the first step); putting it back, in place, happens only when the step is undone."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[int, str, str], torch.Tensor] = {}
@@ -78,7 +78,17 @@ class StateCopy:
         self._extra: list[tuple[Compressor, dict[str, Any]]] = []
 
     def take(self, compressors: list[Compressor], names: list[str]) -> None:
+        """Copy the extra state of ``compressors`` and the state of ``names``, forgetting any earlier copy."""
+        self.start(compressors)
+        self.add(compressors, names)
+
+    def start(self, compressors: list[Compressor]) -> None:
+        """Begin a new copy: forget the last, and copy the extra state of ``compressors`` (none: nothing to put
+        back but what :meth:`add` copies)."""
         self._taken, self._extra = [], [(c, c.extra_state()) for c in compressors]
+
+    def add(self, compressors: list[Compressor], names: list[str]) -> None:
+        """Also copy the state of ``names`` (each name once a copy)."""
         sources, copies = [], []
         for i, c in enumerate(compressors):
             for name in names:
@@ -95,7 +105,7 @@ class StateCopy:
             torch._foreach_copy_(copies, sources)
 
     def put_back(self) -> None:
-        """The state as it was when taken (:func:`put_back`)."""
+        """The state as it was when copied (:func:`put_back`)."""
         put_back(self._taken, self._extra)
 
 

@@ -230,6 +230,8 @@ class GradientSync:
         #: with ``pack="all"``: the agreement's flags averaged over the workers, once they have travelled
         self._agreed: torch.Tensor | None = None
         self._before = StateCopy()
+        #: the overlapped hook's copy, added to bucket by bucket (:meth:`sync_part`); one step is open at a time
+        self._part_before = StateCopy()
         self._epoch_set = False
 
     # -- configuration -------------------------------------------------------------
@@ -427,9 +429,8 @@ class GradientSync:
         """Start a step whose gradients come in parts (:meth:`sync_part`, then :meth:`end`)."""
         if self.steps == 0 and not self._epoch_set:
             self._warn_no_epoch()
-        step = OpenStep(Phases(cuda_sync=False))
-        if self.guard.check_finite:
-            step.extra = [(c, c.extra_state()) for c in self._compressors()]
+        step = OpenStep(Phases(cuda_sync=False), before=self._part_before)
+        step.before.start(self._compressors() if self.guard.check_finite else [])
         return step
 
     def sync_part(self, step: OpenStep, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

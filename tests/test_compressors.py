@@ -637,3 +637,39 @@ def test_topk_sends_top_k_of_residual_over_steps():
     assert torch.equal(sends[2], torch.tensor([1.0, 0, 0, 0]))
     # residual of entry 1 is now 1.2 > 1.0
     assert torch.allclose(sends[3], torch.tensor([0, 1.2, 0, 0]))
+
+
+@pytest.mark.parametrize("name", ["powersgd", "qsgd"])
+def test_parts_taken_in_turn_keep_their_layouts_and_give_what_layouts_made_anew_give(name):
+    """The overlapped hook calls a compressor once per DDP bucket: what it derives from a part's tensors (PowerSGD's
+    plan, QSGD's bucket ids) is kept per part, and gives bit for bit what making it again for every call gives."""
+    shapes = [(16, 8, 3, 3), (16,), (10, 16), (8, 36), (3, 2)]
+    comps = [build_compressor(name, seed=3) for _ in range(2)]
+    comm = Comm()
+    for comp in comps:
+        comp.bind(comm)
+    parts = [["a", "b"], ["c", "d", "e"]]  # two DDP buckets, in turn, every step
+    params = {n: torch.zeros(s) for n, s in zip("abcde", shapes)}
+    kept_layouts = []
+    for step in range(4):
+        grads = dict(zip("abcde", _grads(step, shapes)))
+        results = []
+        for i, comp in enumerate(comps):
+            out = {}
+            for part in parts:
+                if i == 1:  # made anew for every call: what a single kept layout did when parts alternated
+                    comp.__dict__.get("_plans", {}).clear()
+                    comp.__dict__.get("_bucket_ids", {}).clear()
+                items = [Item(n, params[n], grads[n].clone()) for n in part]
+                _step(comp, items, comm)
+                out.update({it.name: it.grad for it in items})
+            results.append(out)
+        for n in "abcde":
+            assert torch.equal(results[0][n], results[1][n]), (step, n)
+        kept = comps[0]._plans if name == "powersgd" else comps[0]._bucket_ids
+        kept_layouts.append({k: id(v) for k, v in kept.items()})
+    assert len(kept_layouts[-1]) == 2 and kept_layouts[1] == kept_layouts[-1]  # one per part, made once
+    assert comps[0].state.keys() == comps[1].state.keys()
+    for n, slot in comps[0].state.items():
+        other = comps[1].state[n]
+        assert slot.keys() == other.keys() and all(torch.equal(t, other[k]) for k, t in slot.items())

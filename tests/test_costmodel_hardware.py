@@ -97,6 +97,15 @@ def test_the_compressor_counts_are_the_ops_bench_s():
     assert RESNET50.kernels["bf16"] == ops["fp16"]["ops"] - ops["fp16"]["views"]
 
 
+def test_the_overlapped_hooks_per_bucket_count_is_the_whole_steps_as_the_model_assumes():
+    ops = json.loads((ROOT / "results/bench/ops.json").read_text())["models"]["resnet50"]["dgc"]
+    parts = ops["in_parts"]
+    # the ops bench takes the step in DDP's buckets as the model does: the first 1 MiB, then 25 MiB
+    assert parts["bucket_mb"] == 25 and parts["parts"] == len(hardware.ddp_buckets(4 * RESNET50.numel))
+    assert parts["host_syncs"] == parts["parts"] * ops["host_syncs"]
+    assert parts["parts"] * ops["ops"] <= parts["ops"] <= 1.05 * parts["parts"] * ops["ops"]
+
+
 def test_the_model_predicts_this_machines_e2e_steps_within_25_percent_and_the_overlapped_hook_within_30():
     rows = e2e.check_files(str(ROOT / "results/bench/cluster_e2e_ddp.json"), str(ROOT / "results/bench/costmodel.json"))
     assert {r["method"] for r in rows} == set(e2e.CHECKED) and len(rows) == 12

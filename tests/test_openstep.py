@@ -40,13 +40,28 @@ def test_a_state_copy_puts_back_in_place_and_is_taken_again_into_the_same_buffer
     assert all(copy._buffers[k] is b for k, b in buffers.items())
 
 
-def test_an_open_steps_saves_put_back_what_its_parts_changed():
+def test_an_open_steps_saves_put_back_what_its_parts_changed_into_buffers_kept_for_the_next_step():
     comp = _compressor()
-    step = OpenStep(Phases())
-    step.extra = [(comp, comp.extra_state())]
-    step.save([comp], ["w"])
+    comp.state["b"] = {"residual": torch.full((2,), 5.0)}
+    kept = StateCopy()
+    step = OpenStep(Phases(), before=kept)
+    step.before.start([comp])
+    step.save([comp], ["w"])  # one part
+    step.save([comp], ["b"])  # the next: added to the same copy, not replacing it
     _step_on(comp)
+    comp.state["b"]["residual"].zero_()
     step.restore()
     assert torch.equal(comp.state["w"]["momentum"], torch.arange(4.0))
     assert torch.equal(comp.state["w"]["residual"], torch.ones(4))
+    assert torch.equal(comp.state["b"]["residual"], torch.full((2,), 5.0))
     assert torch.equal(comp.state["w"]["fresh"], torch.zeros(4)) and comp.thresholds == {"w": [0.5]}
+    buffers = dict(kept._buffers)
+    nxt = OpenStep(Phases(), before=kept)  # the next step starts a new copy in the same buffers
+    nxt.before.start([comp])
+    nxt.save([comp], ["b"])
+    assert all(kept._buffers[k] is b for k, b in buffers.items() if k[1] == "b")
+    comp.state["b"]["residual"].add_(1)
+    comp.state["w"]["residual"].add_(1)
+    nxt.restore()
+    assert torch.equal(comp.state["b"]["residual"], torch.full((2,), 5.0))  # saved by this step
+    assert torch.equal(comp.state["w"]["residual"], torch.full((4,), 2.0))  # not saved by it: left alone

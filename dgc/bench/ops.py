@@ -103,23 +103,54 @@ def host_reads() -> Iterator[collections.Counter[str]]:
             setattr(torch.Tensor, name, method)
 
 
-def count_step(model: torch.nn.Module, name: str, density: float | None, seed: int = 0) -> dict[str, Any]:
-    """The operations and host synchronizations of the third ``sync.step()`` of configuration ``name``."""
+def buckets(params: list[torch.nn.Parameter], bucket_mb: float,
+            first_mb: float = 1.0) -> list[list[torch.nn.Parameter]]:  # fmt: skip
+    """``params`` in the parts DDP hands its communication hook once it has rebuilt its buckets after the first
+    step: in reverse order (the order backward makes the gradients in), the first part closed once it holds
+    ``first_mb`` MiB (DDP's first bucket, 1 MiB), each later one at ``bucket_mb`` (``bucket_cap_mb``, 25 by
+    default)."""
+    cap, parts, part, size = min(first_mb, bucket_mb) * 2**20, [], [], 0
+    for p in reversed(params):
+        part.append(p)
+        size += p.numel() * p.element_size()
+        if size >= cap:
+            parts.append(part)
+            part, size, cap = [], 0, bucket_mb * 2**20
+    return parts + ([part] if part else [])
+
+
+def count_step(model: torch.nn.Module, name: str, density: float | None, seed: int = 0,
+               bucket_mb: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """The operations and host synchronizations of the third step of configuration ``name``: one ``sync.step()``,
+    or with ``bucket_mb`` the step in parts as the overlapped DDP hook takes it (``sync.begin()``, one
+    ``sync.sync_part()`` per bucket of :func:`buckets`, ``sync.end()``)."""
     comp, sync, params = single_process_sync(model, name, density)
+    parts = buckets(params, bucket_mb) if bucket_mb else None
+
+    def step() -> None:
+        if parts is None:
+            sync.step()
+            return
+        open_step = sync.begin()
+        for part in parts:
+            sync.sync_part(open_step, [(p, p.grad) for p in part])
+        sync.end(open_step)
+
     gen = torch.Generator().manual_seed(seed)
     for _ in range(2):
         fill_grads(params, gen)
-        sync.step()
+        step()
     fill_grads(params, gen)
     counter = Counter()
     with host_reads() as reads, counter:
-        sync.step()
+        step()
     for p in params:
         p.grad = None
     syncs = sum(counter.syncs.values()) + sum(reads.values())
     return {
         "compressor": comp.name,
         "tensors": len(params),
+        **({"bucket_mb": bucket_mb, "parts": len(parts)} if parts is not None else {}),
         "ops": sum(counter.by_op.values()),
         "views": counter.views,
         "host_syncs": syncs,
@@ -135,6 +166,7 @@ def bench_ops(
     density: float | None = None,
     use_kernels: bool = False,
     seed: int = 0,
+    bucket_mb: float | None = None,
 ) -> dict[str, Any]:
     unknown = [m for m in methods if m not in configurations()]
     if unknown:
@@ -144,6 +176,7 @@ def bench_ops(
         "density": density,
         "kernels": use_kernels and kernels.available(),
         "world_size": 1,
+        "bucket_mb": bucket_mb,
         "models": {},
     }
     off = contextlib.nullcontext() if use_kernels else kernels.disabled()
@@ -156,6 +189,11 @@ def bench_ops(
                 rows[method] = row = count_step(model, method, density, seed)
                 log(f"  {model_name} {method}: {row['ops']} operations, {row['host_syncs']} host syncs "
                     f"({row['tensors']} tensors)")  # fmt: skip
+                if bucket_mb:
+                    parts = count_step(model, method, density, seed, bucket_mb)
+                    row["in_parts"] = {k: parts[k] for k in ("bucket_mb", "parts", "ops", "host_syncs", "by_op")}
+                    log(f"  {model_name} {method} in {parts['parts']} parts of {bucket_mb:g} MiB (the overlapped "
+                        f"hook): {parts['ops']} operations, {parts['host_syncs']} host syncs")  # fmt: skip
     if len(models) > 1:
         first, last = models[0], models[-1]
         result["growth"] = {
@@ -170,6 +208,16 @@ def _names(text: str) -> tuple[str, ...]:
     if not names:
         raise argparse.ArgumentTypeError("give at least one name")
     return names
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of MiB, got {text!r}")
+    return value
 
 
 def _models(text: str) -> tuple[str, ...]:
@@ -190,12 +238,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="one density for every sparse method (default: each preset's own)")  # fmt: skip
     p.add_argument("--kernels", choices=("off", "on"), default="off",
                    help="the native CPU kernel (default: off, the path CUDA tensors take)")  # fmt: skip
+    p.add_argument("--bucket-mb", type=_positive, default=None,
+                   help="also count the step in DDP buckets of this many MiB (the first 1 MiB), as the "
+                        "overlapped hook takes it (DDP's default: 25); default: not counted")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench/ops.json", help="result file (default: %(default)s)")
     return p
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    result = bench_ops(args.models, args.methods, args.density, args.kernels == "on", args.seed)
+    result = bench_ops(args.models, args.methods, args.density, args.kernels == "on", args.seed, args.bucket_mb)
     emit(result, args.out)
     return result

@@ -77,7 +77,8 @@ class PowerSGD(Compressor):
         self.warm_start = bool(self.config.warm_start)
         self.seed = int(self.config.seed)
         self.buckets = Buckets()
-        self._last_plan: _Plan | None = None
+        #: the plan of each set of tensors (the overlapped hook's parts each have theirs), by their names
+        self._plans: dict[tuple[tuple[str, ...], tuple[str, ...]], _Plan] = {}
 
     def _low_rank(self, item: Item) -> bool:
         n, m = _matrix_shape(item.grad)
@@ -96,9 +97,13 @@ class PowerSGD(Compressor):
         dense_layout = Layout.of(dense) if dense else None
         if bucket is not None and self.error_feedback:
             bucket.adopt(self.state, self.memory.keys)  # before the plan: its matrices are views of the error
-        plan = self._last_plan
+        key = (bucket.layout.names if bucket else (), dense_layout.names if dense_layout else ())
+        plan = self._plans.get(key)
         if plan is None or plan.bucket is not bucket or plan.dense_layout != dense_layout:
-            plan = self._last_plan = _Plan(bucket, dense_layout, self.rank_r, self)
+            names = set(key[0]) | set(key[1])  # a plan holding any of these tensors is stale (DDP's bucket rebuild)
+            for other in [k for k in self._plans if k != key and names.intersection(k[0] + k[1])]:
+                del self._plans[other]
+            plan = self._plans[key] = _Plan(bucket, dense_layout, self.rank_r, self)
         if bucket is not None:
             plan.adopt_q(self)
         return plan

@@ -49,6 +49,11 @@ class QSGDConfig(CompressorConfig):
         return self.levels.bit_length() + 1
 
 
+#: how many sets of tensor sizes QSGD keeps bucket ids for (one per DDP bucket under the overlapped hook; more means
+#: the sets keep changing, and the kept ids are dropped)
+KEPT_LAYOUTS = 64
+
+
 @register
 class QSGD(Stochastic):
     name: ClassVar[str] = "qsgd"
@@ -58,20 +63,26 @@ class QSGD(Stochastic):
 
     def __init__(self, config: QSGDConfig | None = None, **options: Any) -> None:
         super().__init__(config, **options)
-        self._buckets: tuple[tuple[int, ...], torch.Tensor] | None = None
+        #: the bucket ids of each set of tensor sizes (the overlapped hook's parts each have theirs)
+        self._bucket_ids: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
         self.flat = Buckets()
 
     def bucket_ids(self, sizes: list[int], device: torch.device) -> torch.Tensor:
-        """The bucket of every value of the concatenated tensors (buckets never span two tensors)."""
-        if self._buckets is None or self._buckets[0] != tuple(sizes) or self._buckets[1].device != device:
+        """The bucket of every value of the concatenated tensors (buckets never span two tensors); made once per
+        set of sizes (kept for up to :data:`KEPT_LAYOUTS` sets)."""
+        key = (tuple(sizes), torch.device(device))
+        ids = self._bucket_ids.get(key)
+        if ids is None:
             d = self.config.bucket_size
-            ids, first = [], 0
+            parts, first = [], 0
             for n in sizes:
                 local = torch.arange(n, device=device) // d if d else torch.zeros(n, dtype=torch.int64, device=device)
-                ids.append(local + first)
+                parts.append(local + first)
                 first += (n + d - 1) // d if d else 1
-            self._buckets = (tuple(sizes), torch.cat(ids))
-        return self._buckets[1]
+            if len(self._bucket_ids) >= KEPT_LAYOUTS:
+                self._bucket_ids.clear()
+            ids = self._bucket_ids[key] = torch.cat(parts)
+        return ids
 
     def steps(self, items: list[Item], phases: Phases) -> Steps:
         if not items:
