@@ -32,8 +32,8 @@ class OpenStep:
     #: the compression state before the step: :meth:`GradientSync.begin` hands each step the same kept copy (its
     #: buffers are reused from step to step), :meth:`save` adds each part's state to it
     before: StateCopy = field(default_factory=lambda: StateCopy())
-    #: ``pack="all"``: each packed part's agreement flags, averaged over the workers, left on the device until
-    #: :meth:`GradientSync.end` reads them all at once
+    #: each part's agreement flags, reduced over the workers (by maximum, or averaged in a ``pack="all"`` message),
+    #: left on the device until :meth:`GradientSync.end` reads them all at once
     agreed: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, traffic: Traffic) -> None:

@@ -302,6 +302,17 @@ class GradientSync:
             torch._foreach_zero_(grads)
         return norms, skipped, requests, control
 
+    def _agree_later(self, grads: list[torch.Tensor], phases: Phases, clip: bool
+                     ) -> tuple[list[torch.Tensor], torch.Tensor, int]:  # fmt: skip
+        """:meth:`_guard` without the host read, for a part of a step (:meth:`sync_part`): the gradient norms, the
+        workers' flags reduced by maximum and left on the device (:meth:`end` reads them), the control bytes."""
+        self.comm.phases = phases
+        self.comm.reset_traffic()
+        with phases("compress"):
+            norms, bad = self._norms(grads, clip)
+        agreed = self.guard.reduce_max(self.guard.flags(bad, self.comm.device))
+        return norms, agreed, self.comm.reset_traffic().sent
+
     def _packs_agreement(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
         """Whether these pairs' exchange carries the agreement's flags (``pack="all"`` and a compressed tensor)."""
         return self.pack == "all" and any(self.is_compressed(p) for p, _ in pairs)
@@ -435,29 +446,22 @@ class GradientSync:
 
     def sync_part(self, step: OpenStep, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Exchange one part of the step's ``(param, grad)`` pairs in place, as :meth:`sync` does the whole: its own
-        agreement first (a non-finite gradient in this part on any worker, or a request), clipping per tensor.
-        Every worker must give the same parts in the same order. Once a part is agreed non-finite, the rest are
-        only zeroed, and :meth:`end` puts back the state the earlier parts changed. With ``pack="all"`` a part with
-        a compressed tensor sends its agreement's flags in its message instead, and runs before the workers know
-        them: :meth:`end` reads every part's flags at once (one host read a step) and undoes the step there."""
+        agreement first (a non-finite gradient in this part on any worker, or a request: a small allreduce, or with
+        ``pack="all"`` flags in the part's message when it has a compressed tensor), clipping per tensor. Every
+        worker must give the same parts in the same order. No part waits for its agreement: :meth:`end` reads
+        every part's at once (one host read a step) and, when any worker's gradient was not finite, zeroes every
+        part's gradients and puts back the compression state the parts changed."""
         pairs = sorted(pairs, key=lambda pg: self._order[self.name_of(pg[0])])
         step.pairs.extend(pairs)
         grads = [g for _, g in pairs]
-        if step.skipped:
-            torch._foreach_zero_(grads)
-            return
         phases = step.phases
         flags = None
         if self._packs_agreement(pairs):
             norms, flags, control = self._flags(grads, phases, clip=bool(self.clip_norm))
-            step.control += control
         else:
-            norms, skipped, requests, control = self._guard(grads, phases, clip=bool(self.clip_norm))
-            step.control += control
-            step.requests.update(requests)
-            if skipped:
-                step.skipped = True
-                return
+            norms, agreed, control = self._agree_later(grads, phases, clip=bool(self.clip_norm))
+            step.agreed.append(agreed)
+        step.control += control
         with phases("compress"):
             self._clip(grads, norms)
             compressed, dense = self._prepare(pairs)
@@ -472,8 +476,9 @@ class GradientSync:
     def end(self, step: OpenStep) -> StepStats:
         """Finish a step given in parts: when any part was skipped, every part's gradients are zeroed and the
         compression state is as it was before the step, on every worker."""
-        if step.agreed:  # pack="all": the flags every packed part carried, read at once
-            skipped, requests = self.guard.read(torch.stack(step.agreed).amax(0))
+        if step.agreed:  # every part's agreement (its own allreduce, or its message's flags), read at once
+            device = step.agreed[0].device
+            skipped, requests = self.guard.read(torch.stack([a.to(device, torch.float32) for a in step.agreed]).amax(0))
             step.skipped = step.skipped or skipped
             step.requests.update(requests)
         if step.skipped:

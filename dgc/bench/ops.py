@@ -191,7 +191,8 @@ def bench_ops(
                     f"({row['tensors']} tensors)")  # fmt: skip
                 if bucket_mb:
                     parts = count_step(model, method, density, seed, bucket_mb)
-                    row["in_parts"] = {k: parts[k] for k in ("bucket_mb", "parts", "ops", "host_syncs", "by_op")}
+                    kept = ("bucket_mb", "parts", "ops", "views", "host_syncs", "by_op")
+                    row["in_parts"] = {k: parts[k] for k in kept}
                     log(f"  {model_name} {method} in {parts['parts']} parts of {bucket_mb:g} MiB (the overlapped "
                         f"hook): {parts['ops']} operations, {parts['host_syncs']} host syncs")  # fmt: skip
     if len(models) > 1:

@@ -40,9 +40,9 @@ Steps (T = the compute of one step on one GPU, a fraction ``backward`` of it the
   bucket; the hierarchical one inside the machine, then between machines); DDP has none.
 * ``dgc_overlap``: each bucket compressed and exchanged when ready, on a stream of its own; the compressor's memory
   passes share the GPU with the backward pass (added to the compute), its launches and host syncs and the
-  exchange are on the bucket pipeline. Kernels and syncs per bucket: those of the whole step (the pipeline runs
-  the same code per bucket; ``python -m dgc.bench ops --bucket-mb 25`` counts ResNet-50's 5 buckets at 738 and
-  20, 5 x 146 and 5 x 4 within 1%).
+  exchange are on the bucket pipeline. Kernels and syncs: the ops bench's count of the step in DDP's buckets
+  (``python -m dgc.bench ops --bucket-mb 25``: ResNet-50's 5 buckets, each the whole step's code, with one host
+  read for every bucket's agreement, after the last).
 * ``dgc_hierarchical``, ``dgc_sparse_allreduce``: serial, through those exchanges.
 
 Speed-up over one GPU: ``N T / step(N)``. ``python -m dgc.costmodel --explain --profile h100-ib400 --machines 16``
@@ -99,8 +99,14 @@ class Profile:
         spent launching and synchronizing (on the pipeline, not on the device)."""
         if self.cpu_s_per_value is not None:
             return self.cpu_s_per_value.get(kind, 0.0) * values, 0.0
-        host = buckets * (w.kernels.get(kind, 0) * self.launch_us + w.host_syncs.get(kind, 0) * self.sync_us) * 1e-6
-        return w.passes.get(kind, 0.0) * 4 * values / (self.hbm_gbs * 1e9), host
+        return w.passes.get(kind, 0.0) * 4 * values / (self.hbm_gbs * 1e9), buckets * self.host_s(w, kind)
+
+    def host_s(self, w: Workload, kind: str) -> float:
+        """What ``kind``'s counts (:attr:`Workload.kernels`, :attr:`Workload.host_syncs`) cost the host: launching and
+        synchronizing (none for CPU ranks, whose work is all in :meth:`work_s`'s device part)."""
+        if self.cpu_s_per_value is not None:
+            return 0.0
+        return (w.kernels.get(kind, 0) * self.launch_us + w.host_syncs.get(kind, 0) * self.sync_us) * 1e-6
 
     def decode_s(self, received: float, dense: float) -> float:
         """Decoding ``received`` message bytes into a dense gradient of ``dense`` bytes."""
@@ -161,7 +167,10 @@ RESNET50 = Workload(
     "ResNet-50, 256 images per GPU per step, mixed precision: A100 80GB 2,470 images/s (NVIDIA "
     "DeepLearningExamples, PyTorch RN50 v1.5, DGX A100 table); H100 assumed 2x A100 (Lambda's H100 analysis: "
     "~2x for vision models): 4,940 images/s, 51.8 ms per step. Assumed, not measured here",
-    kernels={"dgc": 146 - 37, "bf16": 13 - 2}, host_syncs={"dgc": 4, "bf16": 1},
+    # dgc_overlap: the whole step in DDP's 5 buckets (``--bucket-mb 25``), each bucket the whole step's code; its
+    # agreement read once, after the last bucket
+    kernels={"dgc": 146 - 37, "dgc_overlap": 745 - 191, "bf16": 13 - 2},
+    host_syncs={"dgc": 4, "dgc_overlap": 16, "bf16": 1},
     passes={"dgc": 7.0, "bf16": 2.0},
 )  # fmt: skip
 
@@ -271,7 +280,8 @@ def step_s(p: Profile, w: Workload, method: str, machines: int) -> dict[str, flo
     elif method == "dgc_overlap":
         buckets = ddp_buckets(dense)
         k = len(buckets)
-        device, host = p.work_s(w, "dgc", w.numel, k)  # host: launches and syncs, on the bucket pipeline
+        device, _ = p.work_s(w, "dgc", w.numel, k)
+        host = p.host_s(w, "dgc_overlap")  # the launches and syncs of all k buckets, on the bucket pipeline
         memory = device + p.decode_s(n * message, dense)
         if p.latency_on_device:  # each bucket's four collectives (below), their per-message cost
             memory += k * (2 * allreduce_s(p, 0, machines) + 2 * allgather_s(p, 0, machines))
