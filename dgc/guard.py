@@ -64,6 +64,7 @@ class StepGuard:
         values = agreed.tolist()
         return values[0] > 0, tuple(r for r, f in zip(REQUESTS, values[1:]) if f > 0)
 
-    def agree(self, bad: torch.Tensor | None) -> tuple[bool, tuple[str, ...]]:
-        """Whether any worker's gradient was not finite, and what any worker requested (one small MAX)."""
-        return self.read(self.reduce_max(self.flags(bad, self.comm.device)))
+    def reduce(self, bad: torch.Tensor | None) -> torch.Tensor:
+        """Every worker's flags reduced by maximum (one small MAX), left on the device: :meth:`read` says whether any
+        worker's gradient was not finite and what any worker requested."""
+        return self.reduce_max(self.flags(bad, self.comm.device))

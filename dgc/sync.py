@@ -292,25 +292,22 @@ class GradientSync:
         dispatch for every tensor; whether one is not finite stays on the device until the agreement reads it
         with the requests, one host read for both), whether to skip, what was requested, and the control bytes
         (not gradient traffic: reported apart). A skipped step's gradients are zeroed."""
-        self.comm.phases = phases
-        self.comm.reset_traffic()
-        with phases("compress"):
-            norms, bad = self._norms(grads, clip)
-        skipped, requests = self.guard.agree(bad)
-        control = self.comm.reset_traffic().sent
+        norms, agreed, control = self._agree_later(grads, phases, clip)
+        skipped, requests = self.guard.read(agreed)
         if skipped:
             torch._foreach_zero_(grads)
         return norms, skipped, requests, control
 
     def _agree_later(self, grads: list[torch.Tensor], phases: Phases, clip: bool
                      ) -> tuple[list[torch.Tensor], torch.Tensor, int]:  # fmt: skip
-        """:meth:`_guard` without the host read, for a part of a step (:meth:`sync_part`): the gradient norms, the
-        workers' flags reduced by maximum and left on the device (:meth:`end` reads them), the control bytes."""
+        """:meth:`_guard` without the host read (a part of a step, :meth:`sync_part`, where :meth:`end` reads every
+        part's): the gradient norms, the workers' flags reduced by maximum and left on the device, the control
+        bytes."""
         self.comm.phases = phases
         self.comm.reset_traffic()
         with phases("compress"):
             norms, bad = self._norms(grads, clip)
-        agreed = self.guard.reduce_max(self.guard.flags(bad, self.comm.device))
+        agreed = self.guard.reduce(bad)
         return norms, agreed, self.comm.reset_traffic().sent
 
     def _packs_agreement(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
