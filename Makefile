@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # Debian packages holding the offline data sets (installed when root with apt)
 DEB_DATA := dataset-fashion-mnist bible-kjv-text bible-kjv espeak-ng pocketsphinx-testdata
 
-.PHONY: help install lock demo elastic-demo overlap-demo data test test-slurm-cluster test-all lint format bench bench-cluster gpu-check chaos clean
+.PHONY: help install lock demo elastic-demo overlap-demo data test test-torch-floor test-slurm-cluster test-all lint format bench bench-cluster gpu-check chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ data: install ## build the offline corpora under $(DATA) (skipped when present):
 
 test: install ## run the test suite (CPU, gloo; what CI runs)
 	$(PY) -m pytest -q -m "not slow and not gpu"
+
+test-torch-floor: install ## the library's tests with the oldest torch it supports (torch 2.4.1 in a venv of its own, removed after; ~5 min)
+	tools/test-torch-floor.sh
 
 test-slurm-cluster: install ## (root, apt) a real launch/slurm/local_cluster.sh start / stop --purge cycle, ~1 min: installs slurm-wlm + munge, then removes them
 	DGC_TEST_LOCAL_CLUSTER=1 $(PY) -m pytest -q -m slurm tests/test_slurm_local_cluster.py

@@ -36,6 +36,10 @@ import traceback
 from dataclasses import fields, is_dataclass
 from typing import NoReturn
 
+from dgc.extras import require
+
+require("repro", "python -m dgc.train", command=__name__ == "__main__")
+
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -350,7 +354,10 @@ def _check_launcher_plugin(args: list[str]) -> None:
         import importlib.util
 
         if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
-            _fail("hydra/launcher=slurm needs Hydra's submitit launcher: pip install -e '.[slurm]' (make install does)")
+            _fail(
+                "hydra/launcher=slurm needs Hydra's submitit launcher: pip install 'dgc[slurm]' "
+                "(in a checkout, make install does)"
+            )
 
 
 def main() -> None:

@@ -32,6 +32,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dgc.extras import require
+
+require("speech", "the speech tasks")
+
 import numpy as np
 import soundfile as sf
 import torch

@@ -14,7 +14,8 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = tomllib.loads((ROOT / "uv.lock").read_text())
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PROJECT, TOOL_UV = PYPROJECT["project"], PYPROJECT["tool"]["uv"]
 
 sys.path.insert(0, str(ROOT / "tools"))
 import lock_constraints  # noqa: E402
@@ -26,11 +27,15 @@ def applies(line: str) -> bool:
 
 
 def test_the_lock_pins_what_pyproject_pins() -> None:
+    """The application's stack is pinned for uv.lock ([tool.uv] constraint-dependencies), not in the published
+    requirements: the library asks for torch alone, with a lower bound."""
     locked = {p["name"]: p["version"] for p in LOCK["package"] if "registry" in p.get("source", {})}
-    pins = [Requirement(r) for r in PROJECT["dependencies"] if "==" in r]
+    pins = [Requirement(r) for r in TOOL_UV["constraint-dependencies"]]
     assert {r.name for r in pins} >= {"torch", "torchvision", "torchaudio"}
     for r in pins:
         assert locked[r.name] == str(r.specifier).removeprefix("=="), r.name
+    assert [Requirement(r).name for r in PROJECT["dependencies"]] == ["torch"]
+    assert not any("==" in r for extra in PROJECT["optional-dependencies"].values() for r in extra)
 
 
 def test_the_pip_fallback_installs_the_locked_versions() -> None:
@@ -63,7 +68,7 @@ def test_the_readme_says_how_to_pick_another_torch_build() -> None:
 
     readme = (ROOT / "README.md").read_text()
     start = readme.index("### Which torch build")
-    text = readme[start : readme.index("\n## ", start)]
+    text = readme[start : readme.index("\n##", start + 1)]  # to the next heading
     (block,) = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     locked = {p["name"]: p["version"] for p in LOCK["package"] if p["name"] in ("torch", "torchvision", "torchaudio")}
     command = block.split("\n#")[0]

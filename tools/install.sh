@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-EXTRAS=${EXTRAS:-dev,wandb,slurm,lightning,accelerate}
+EXTRAS=${EXTRAS:-repro,speech,dev,wandb,slurm,lightning,accelerate}
 UV_VERSION=0.13.9
 TOOLS=${DGC_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/dgc-tools}
 say() { echo "install: $*"; }

@@ -25,6 +25,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dgc.extras import require
+
+require("repro", "python -m dgc.bench")
+
 from dgc.bench import cluster, costmodel, gpu, ops, select, wire
 from dgc.bench.common import BenchError, OneLineParser
 

@@ -11,3 +11,7 @@
 
 Tasks (models, data, metrics) live in ``tasks/``, installed as :mod:`dgc.tasks`.
 """
+
+from dgc.extras import require
+
+require("repro", "dgc.repro (the reproduction framework)")
