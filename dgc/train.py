@@ -208,8 +208,10 @@ def _main(cfg: DictConfig) -> dict | None:
         info = init_distributed(config.device, timeout_s=config.timeout_s)
     except ValueError as exc:  # e.g. device=cuda without CUDA
         _fail(str(exc).splitlines()[0])
+    trainer = None
     try:
-        summary = Trainer(config, info, callbacks=callbacks).fit()
+        trainer = Trainer(config, info, callbacks=callbacks)
+        summary = trainer.fit()
     except ConfigError as exc:
         shutdown(clean=False)
         _fail(str(exc).splitlines()[0])
@@ -226,8 +228,9 @@ def _main(cfg: DictConfig) -> dict | None:
                   f"({type(exc).__name__})", EXIT_STALLED)  # fmt: skip
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if _peer_lost(exc):
-            _fail(f"another rank stopped (gloo: {first.split('] ')[-1]}); run the same command with resume=auto to "
-                  "continue from the last checkpoint", EXIT_ERROR)  # fmt: skip
+            how = trainer.files.continue_with() if trainer is not None else "run the same command with resume=auto"
+            _fail(f"another rank stopped (gloo: {first.split('] ')[-1]}); to continue from the last checkpoint, "
+                  f"{how}", EXIT_ERROR)  # fmt: skip
         if _rank() != 0:  # a failure of this rank alone: say which
             print(f"error: rank {_rank()}: {type(exc).__name__}: {first}", file=sys.stderr, flush=True)
         _fail(f"{type(exc).__name__}: {first} (set DGC_DEBUG=1 for the traceback)", EXIT_ERROR)
@@ -279,20 +282,26 @@ def _say_for_rank_0(folder: str) -> None:
             print(f.read().strip(), file=sys.stderr, flush=True)
 
 
-def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
+def launch(nproc: int, max_restarts: int, overrides: list[str], run_dir: str | None = None) -> NoReturn:
     """Run ``nproc`` workers on this machine with PyTorch's elastic agent (torchrun's, standalone
     rendezvous on a free port) and exit with their status: one line on errors, no launcher trace.
 
     The workers die with the launcher (``kill -9`` of it included: :func:`_die_with_launcher`); the signals
     in :data:`FORWARDED` are passed on to them: SIGTERM, SIGINT and SIGUSR1 stop the run at a step boundary
     after a checkpoint (exit 75), SIGHUP and SIGQUIT end it. A worker that fails or is killed is named on the
-    launcher's output with its rank and why."""
+    launcher's output with its rank and why. ``run_dir``: the run directory the launcher chose for the workers
+    (the command gave none), so that restarted workers find the run and the messages can name it."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from dgc.repro.rundir import RUN_DIR_CHOSEN, continue_with
+
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     os.environ[LAUNCHER_PID] = str(os.getpid())
+    if run_dir is not None:
+        os.environ[RUN_DIR_CHOSEN] = "1"
+        overrides = [*overrides, f"run_dir={run_dir}"]
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = [f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--standalone", "--monitor-interval=1"]
     # the agent forwards these to every worker (its default list lacks SIGUSR1, Slurm's warning before the time
@@ -321,9 +330,9 @@ def launch(nproc: int, max_restarts: int, overrides: list[str]) -> NoReturn:
         # else a worker killed by a signal (a negative code) could not say anything: name it
         for f in failures:
             if f.exitcode < 0:
-                print(f"error: rank {f.local_rank} (pid {f.pid}) was killed by {_signal_name(f.exitcode)}; run the "
-                      "same command with resume=auto to continue from the last checkpoint", file=sys.stderr,
-                      flush=True)  # fmt: skip
+                how = continue_with(run_dir, given=False) if run_dir else "run the same command with resume=auto"
+                print(f"error: rank {f.local_rank} (pid {f.pid}) was killed by {_signal_name(f.exitcode)}; to "
+                      f"continue from the last checkpoint, {how}", file=sys.stderr, flush=True)  # fmt: skip
         sys.exit(EXIT_ERROR)
     finally:
         logs.cleanup()
@@ -368,10 +377,16 @@ def main() -> None:
     multirun = any(a in ("-m", "--multirun") for a in args)
     if multirun and (int(os.environ.get("WORLD_SIZE", "1")) > 1 or nproc):
         _fail("a Hydra multirun (-m) inside torchrun would run the whole sweep on every rank; sweep outside torchrun")
+    cfg = None
     if not multirun and not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in args):
-        precheck(args)
+        cfg = precheck(args)
     if nproc:
-        launch(nproc, restarts, args)
+        run_dir = None
+        if cfg is not None and cfg.run_dir is None:  # chosen once here: every worker and every restart shares it
+            from dgc.repro.rundir import choose_run_dir
+
+            run_dir = choose_run_dir(cfg)
+        launch(nproc, restarts, args, run_dir)
     sys.argv = [sys.argv[0], *args]
     _main()
     if _world_size() > 1:

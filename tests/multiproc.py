@@ -37,9 +37,9 @@ def _entry(rank: int, world_size: int, port: int, outdir: str, fn: Callable, arg
     try:
         result = fn(rank, world_size, *args)
         torch.save({"ok": result}, os.path.join(outdir, f"{rank}.pt"))
-        # every rank is done with its collectives before any tears down its connections
+        # every rank is done with its collectives before any tears down its connections (os._exit below does: no
+        # destroy_process_group, which under torch 2.4 hung now and then once the other ranks had left)
         dist.barrier()
-        dist.destroy_process_group()
         code = 0
     except BaseException:
         torch.save({"error": traceback.format_exc()}, os.path.join(outdir, f"{rank}.pt"))

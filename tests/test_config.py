@@ -135,9 +135,26 @@ def test_unknown_group_option_fails():
         compose_config("compression=nope")
 
 
+def test_the_default_run_dir_of_a_job_that_may_restart_is_the_same_in_every_attempt(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "811bb351-c65e-498e-94b3-6228d79133b2")
+    assert rundir.default_run_dir("t", "dgc") == "runs/t/dgc/torchrun-811bb351"
+    Path("runs/t/dgc/torchrun-811bb351").mkdir(parents=True)  # a restart finds it, not a fresh one
+    assert rundir.default_run_dir("t", "dgc") == "runs/t/dgc/torchrun-811bb351"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # a rendezvous without an id says nothing of the job
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_STEP_ID", "3")
+    assert rundir.default_run_dir("t", "dgc") == "runs/t/dgc/slurm-4242.3"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert rundir.restart_count() == 2 and rundir.job_id() == "slurm-4242.3"
+
+
 def test_default_run_dirs_of_a_sweep_differ(tmp_path, monkeypatch):
     # the jobs of a sweep run in one process within the same second
     monkeypatch.chdir(tmp_path)
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):  # (outside a job that may restart)
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(rundir.time, "strftime", lambda fmt: "20250101-000000")
     first = rundir.default_run_dir("t", "dgc")
     assert first == f"runs/t/dgc/20250101-000000-{os.getpid()}"

@@ -38,3 +38,12 @@ def test_a_dense_run_has_no_warmup(tmp_path, capsys):
     files.cfg = SimpleNamespace(compression=SimpleNamespace(name="none"))  # no warmup_epochs at all
     files.log_step(_record(10, 0.1, 1077736, 1.0))
     assert "(ratio 1x this step) compute" in capsys.readouterr().out
+
+
+def test_a_step_that_sent_nothing_shows_no_ratio(tmp_path, capsys):
+    """A skipped step (a non-finite gradient somewhere) sends nothing: no made-up ratio of the dense size to 1 byte."""
+    files = _files(tmp_path, warmup_epochs=0.0)
+    files.log_step({**_record(7, 0.2, 0, 1077736.0), "skipped": 1})
+    line = capsys.readouterr().out.strip()
+    assert "sent 0B (nothing sent this step) compute" in line and line.endswith("skipped 1 (non-finite)")
+    assert "1077736x" not in line

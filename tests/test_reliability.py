@@ -102,8 +102,8 @@ def test_killed_rank_corrupt_checkpoint_and_torn_log_resume_exactly(rank, fmnist
     lines = out.stderr.strip().splitlines()
     assert any(
         re.fullmatch(
-            rf"error: rank {rank} \(pid \d+\) was killed by signal 9 \(SIGKILL\); run the same "
-            r"command with resume=auto to continue from the last checkpoint",
+            rf"error: rank {rank} \(pid \d+\) was killed by signal 9 \(SIGKILL\); to continue from the last "
+            r"checkpoint, run the same command with resume=auto",
             line,
         )
         for line in lines
@@ -521,8 +521,97 @@ def test_ctrl_c_stops_after_a_checkpoint(fmnist, tmp_path):
     finally:
         job.kill()
     assert job.returncode == EXIT_INTERRUPTED and "Traceback" not in err, err[-3000:]
-    assert one_line(subprocess.CompletedProcess([], 0, "", err)).startswith("interrupted: stopped at step")
-    assert "on SIGINT" in err and load(run_dir)["counters"]["step"] >= 4
+    line = one_line(subprocess.CompletedProcess([], 0, "", err))
+    assert line.startswith("interrupted: stopped at step") and "on SIGINT" in line
+    assert line.endswith(f"checkpoint saved in {run_dir}: to continue, run the same command with resume=auto")
+    assert load(run_dir)["counters"]["step"] >= 4
+
+
+# -- restarts and requeues find the run they continue ------------------------------------------------
+
+
+def without_resume(fmnist: Path, run_dir: Path | None, *extra: str) -> list[str]:
+    """The run's arguments as a user first writes them: no resume=..., and no run_dir=... when ``run_dir`` is None."""
+    return [a for a in args(fmnist, run_dir or Path("-"), *extra) if a != "resume=auto" and a != "run_dir=-"]
+
+
+def the_run_dir(cwd: Path) -> Path:
+    (found,) = (cwd / "runs").glob("*/*/*")
+    return found
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["run_dir-given", "run_dir-default"])
+def test_a_restarted_job_resumes_the_run_it_started(given, fmnist, reference, tmp_path):
+    """``--nproc 2 --max-restarts=1``, rank 1 SIGKILLed after step 9's checkpoint: the restarted workers (the
+    launcher knows it is a restart) resume at step 9, with or without run_dir=, and end as the run left alone."""
+    run_dir = tmp_path / "run" if given else None
+    out = cli([*without_resume(fmnist, run_dir), "--max-restarts=1"], tmp_path, nproc=2, env={"DGC_FAULTS": "kill@9:1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = run_dir or the_run_dir(tmp_path)
+    assert f"resuming {run_dir if given else run_dir.relative_to(tmp_path)} at step 9" in out.stdout
+    assert json.loads((run_dir / "env.json").read_text())["restarts"] == 1
+    assert_same_training(reference, run_dir)
+
+
+def test_a_restart_does_not_resume_a_run_another_job_left(fmnist, reference, tmp_path):
+    """A restart resumes only the run its own job started: a run_dir holding another job's run stays refused."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    before = snapshot(run_dir)
+    out = cli([*without_resume(fmnist, run_dir), "--max-restarts=1"], tmp_path, nproc=2)
+    assert out.returncode == EXIT_USER
+    assert out.stderr.count(f"error: {run_dir} already holds a run: pass resume=true") == 2  # both attempts
+    assert snapshot(run_dir) == before
+
+
+def test_a_killed_rank_names_the_default_run_dir_and_that_command_continues(fmnist, reference, tmp_path):
+    out = cli(without_resume(fmnist, None), tmp_path, nproc=2, env={"DGC_FAULTS": "kill@10:1"})
+    assert out.returncode == 1
+    run_dir = the_run_dir(tmp_path)
+    suffix = f"to continue from the last checkpoint, run the same command with run_dir={run_dir.relative_to(tmp_path)} "
+    lines = [line for line in out.stderr.splitlines() if line.startswith("error: rank 1 ")]
+    assert len(lines) == 1 and lines[0].endswith(suffix + "resume=auto"), out.stderr
+    out = cli([*without_resume(fmnist, None), f"run_dir={run_dir.relative_to(tmp_path)}", "resume=auto"], tmp_path,
+              nproc=2)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "at step 9" in out.stdout
+    assert_same_training(reference, run_dir)
+
+
+def test_a_killed_sweep_rerun_with_resume_auto_keeps_its_finished_points_and_resumes_the_other(fmnist, tmp_path):
+    """``-m train.max_steps=4,8`` killed in its second job (after step 6's checkpoint); the same sweep with
+    resume=auto finds both runs (no run_dir= given): the first is complete, the second resumes at step 6."""
+    sweep = ["-m", *(a for a in without_resume(fmnist, None) if not a.startswith("train.max_steps="))]
+    sweep += ["train.max_steps=4,8"]
+    out = cli(sweep, tmp_path, env={"DGC_FAULTS": "kill@6"})
+    assert out.returncode == -signal.SIGKILL
+
+    def runs() -> list[Path]:  # (runs/multirun/<time>/ holds the sweep's record of them)
+        return sorted(p.parent for p in (tmp_path / "runs").glob("*/*/*/config.yaml"))
+
+    first, second = sorted(runs(), key=lambda d: (d / "config.yaml").stat().st_mtime)
+    assert (first / "summary.json").exists() and not (second / "summary.json").exists()
+    finished = snapshot(first)
+    out = cli([*sweep, "resume=auto"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"{first.relative_to(tmp_path)} is complete (step 4, evaluated): nothing to do" in out.stdout
+    assert f"resuming {second.relative_to(tmp_path)} at step 6" in out.stdout
+    assert runs() == sorted([first, second])  # no run started over
+    assert snapshot(first)["checkpoint.pt"] == finished["checkpoint.pt"]  # the finished run trained nothing more
+    assert json.loads((second / "summary.json").read_text())["steps"] == 8
+
+
+def test_resuming_a_finished_run_says_it_is_complete(fmnist, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    before = snapshot(run_dir)
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"{run_dir} is complete (step 16, evaluated): nothing to do" in out.stdout
+    assert '"metrics"' not in out.stdout  # not the summary again
+    after = snapshot(run_dir)
+    header = ("env.json", "config.yaml")  # rewritten by every start that goes ahead
+    assert {k: v for k, v in after.items() if k not in header} == {k: v for k, v in before.items() if k not in header}
 
 
 def test_kill_9_of_the_launcher_leaves_no_worker_and_the_run_resumes(fmnist, reference, tmp_path):

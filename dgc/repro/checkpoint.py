@@ -103,6 +103,30 @@ def load(path: Path) -> dict[str, Any]:
     return dict(state)
 
 
+def nonfinite(state: Mapping[str, Any], limit: int = 3) -> list[str]:
+    """Where a checkpoint's state is not finite: the names (at most ``limit``) of the floating-point tensors of
+    its weights, optimizer state and every rank's state (compression, local weights, BatchNorm statistics) that
+    hold a NaN or an infinity. A checkpoint with any is never written, and refused on resume."""
+    found: list[str] = []
+
+    def visit(obj: Any, name: str) -> None:
+        if len(found) >= limit:
+            return
+        if isinstance(obj, torch.Tensor):
+            if obj.is_floating_point() and not bool(torch.isfinite(obj).all()):
+                found.append(name)
+        elif isinstance(obj, Mapping):
+            for key, value in obj.items():
+                visit(value, f"{name}.{key}" if name else str(key))
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(obj):
+                visit(value, f"{name}[{i}]")
+
+    for key in ("model", "optimizer", "ranks"):
+        visit(state.get(key), key)
+    return found
+
+
 def leftovers(run_dir: Path) -> list[Path]:
     """Temporary files of writes a stop cut short (:mod:`dgc.atomic`'s ``.<name>.*.tmp``, the previous
     checkpoint's link, the lock files of older versions)."""

@@ -44,11 +44,51 @@ MULTIRUN_RECORD = "run_dirs.txt"
 _recorded: set[Path] = set()  # the records this process added to (said at exit)
 
 
+#: set by ``python -m dgc.train --nproc`` for its workers when it chose the run directory (no ``run_dir=`` given)
+RUN_DIR_CHOSEN = "DGC_RUN_DIR_CHOSEN"
+
+
+def continue_with(run_dir: str | Path, given: bool) -> str:
+    """How to continue a stopped run: the same command with ``resume=auto``, and with ``run_dir=`` when the
+    command did not give it (a new start of it would choose another directory)."""
+    if given and not os.environ.get(RUN_DIR_CHOSEN):
+        return "run the same command with resume=auto"
+    return f"run the same command with run_dir={run_dir} resume=auto"
+
+
+def job_id() -> str | None:
+    """The job this process is a worker of, the same in every restart of it: torchrun's run id (one per launch,
+    kept by its restarts: ``torchrun-<8 hex>``), else Slurm's job and step (kept by a requeue:
+    ``slurm-<job>.<step>``); None outside both."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":  # ("none": a rendezvous without an id, the same for every job)
+        return f"torchrun-{run_id.replace('-', '')[:8]}"
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if job:
+        return f"slurm-{job}.{os.environ.get('SLURM_STEP_ID', 'batch')}"
+    return None
+
+
+def restart_count() -> int:
+    """How many times the job was restarted before this attempt: by torchrun's agent (``--max-restarts``) or by
+    Slurm (a requeue); 0 for a first start."""
+    for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 0
+
+
 def default_run_dir(task: str, compression: str) -> str:
-    """A fresh ``runs/<task>/<compression>/<time>-<pid>[-N]`` (the jobs of a sweep share time and pid).
+    """Where a run without ``run_dir=`` goes: ``runs/<task>/<compression>/<job>`` in a job that may be restarted
+    (:func:`job_id`: a restart or requeue finds the run it continues), else a fresh
+    ``runs/<task>/<compression>/<time>-<pid>[-N]`` (the jobs of a sweep share time and pid).
 
     In a job of a Hydra multirun (``python -m dgc.train -m ...``) rank 0 also adds it to the sweep's
     :data:`MULTIRUN_RECORD`, and the process says at exit where that list is."""
+    job = job_id() if _multirun_folder() is None else None
+    if job is not None:
+        return str(Path("runs") / task / compression / job)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path("runs") / task / compression / f"{stamp}-{os.getpid()}"
     path, n = base, 1
@@ -56,6 +96,45 @@ def default_run_dir(task: str, compression: str) -> str:
         path, n = base.with_name(f"{base.name}-{n}"), n + 1
     _record_multirun(path)
     return str(path)
+
+
+def find_run(cfg: Config) -> Path | None:
+    """The newest run directory under ``runs/<task>/<method>/`` whose ``config.yaml`` holds this run's settings
+    (those free to change on a resume aside, ``train.max_steps`` not): the run that the same command with
+    ``resume=auto`` continues, a finished one included (it then says that it is complete)."""
+    folder = Path("runs") / cfg.task.name / method_name(cfg)
+    try:
+        found = [d / "config.yaml" for d in folder.iterdir() if (d / "config.yaml").is_file()]
+    except OSError:
+        return None
+    mine = yaml.safe_load(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    for path in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            saved = yaml.safe_load(path.read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        if not isinstance(saved, dict) or checkpoint.changed_settings(saved, mine, [], cfg=cfg):
+            continue
+        # (train.max_steps may change on a resume, but a sweep over it makes other runs, not one continued)
+        if (saved.get("train") or {}).get("max_steps") == cfg.train.max_steps:
+            return path.parent
+    return None
+
+
+def choose_run_dir(cfg: Config) -> str:
+    """Where this run lives: ``run_dir=``; else, in a job that may restart, the job's own directory once it
+    exists; else, with ``resume=auto`` or ``true``, the run of the same settings it continues (:func:`find_run`);
+    else a new :func:`default_run_dir`."""
+    if cfg.run_dir:
+        return cfg.run_dir
+    job = job_id() if _multirun_folder() is None else None
+    if job is not None and (Path("runs") / cfg.task.name / method_name(cfg) / job).is_dir():
+        return str(Path("runs") / cfg.task.name / method_name(cfg) / job)
+    found = find_run(cfg) if cfg.resume in (True, "auto") else None
+    if found is not None:
+        _record_multirun(found)
+        return str(found)
+    return default_run_dir(cfg.task.name, method_name(cfg))
 
 
 def _multirun_folder() -> Path | None:
@@ -179,8 +258,7 @@ class RunFiles:
     def __init__(self, cfg: Config, info: DistInfo):
         self.cfg, self.info = cfg, info
         self.main = info.is_main
-        run_dir = cfg.run_dir or default_run_dir(cfg.task.name, method_name(cfg))
-        self.run_dir = Path(str(broadcast_object(run_dir)))
+        self.run_dir = Path(str(broadcast_object(choose_run_dir(cfg))))
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.main)
         self.lock = RunLock(self.run_dir)
         self.progress = None
@@ -241,6 +319,8 @@ class RunFiles:
             files = checkpoint.paths(self.run_dir)
             mode = self.cfg.resume
             leftover = (self.run_dir / "metrics.jsonl").exists()
+            if mode is False and (files or leftover) and self._restarted_here():
+                mode = "auto"  # a restart of the job that started this run: it continues, as resume=auto would
             if mode is False and files:
                 raise ConfigError(
                     f"{self.run_dir} already holds a run: pass resume=true (or resume=auto) to continue it, "
@@ -260,6 +340,9 @@ class RunFiles:
                     warnings.append(f"{self.run_dir} holds the log of a run that left no checkpoint: starting it over")
                 self._write_header()
                 return {"checkpoint": None, "restart": leftover, "warnings": warnings}
+            bad = checkpoint.nonfinite(state)
+            if bad:
+                raise ConfigError(self._nonfinite_refusal(path, bad))
             self._check_resumable(state)
             warnings += [f"{w}; resuming from {path.name}" for w in skipped]
             self._write_header()
@@ -282,6 +365,38 @@ class RunFiles:
             return (f"no space left on the device of {self.run_dir} at the start{where}: free space there (or pass "
                     "another run_dir), then run the same command; nothing was changed")  # fmt: skip
         return f"cannot write in {self.run_dir}{where}: {exc.strerror or exc}; nothing was changed"
+
+    def continue_with(self) -> str:
+        """How to continue this run after a stop (:func:`continue_with`)."""
+        return continue_with(self.run_dir, given=self.cfg.run_dir is not None)
+
+    def _restarted_here(self) -> bool:
+        """This start is a restart (torchrun's agent, a Slurm requeue) of the job that wrote the run's env.json."""
+        if not restart_count() or job_id() is None:
+            return False
+        try:
+            return json.loads((self.run_dir / "env.json").read_text()).get("job") == job_id()
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _nonfinite_refusal(self, path: Path, bad: list[str]) -> str:
+        """The line refusing to resume from ``path``, whose state holds NaN/Inf (``bad``): which, and the newest
+        checkpoint that is finite, if any."""
+        good = None
+        for other in checkpoint.paths(self.run_dir):
+            if other == path:
+                continue
+            with contextlib.suppress(ValueError):
+                state = checkpoint.load(other)
+                if not checkpoint.nonfinite(state):
+                    good = (other, state["counters"]["step"])
+                    break
+        where = (
+            f"the last finite one is {good[0]} (step {good[1]}): remove {path.name} to resume from it"
+            if good
+            else "no checkpoint of this run is finite: start it over in another run_dir"
+        )
+        return f"cannot resume from {path}: it holds non-finite values ({', '.join(bad)}); {where}"
 
     def _check_resumable(self, state: dict[str, Any]) -> None:
         if state["world_size"] != self.info.world_size and "world_size" not in self.cfg.resume_allow:
@@ -316,6 +431,8 @@ class RunFiles:
                 "world_size": self.info.world_size,
                 "backend": self.info.backend,
                 "device": str(self.info.device),
+                "job": job_id(),  # a restart of this job continues the run (resume=false notwithstanding)
+                "restarts": restart_count(),
             },
         )
         if self.cfg.logger.wandb:
@@ -379,11 +496,13 @@ class RunFiles:
         n = record.get("ratio_steps")
         over = "this step" if n is None else f"over {n} step{'s' if n > 1 else ''}, local steps"
         phase = f", in the compression warm-up to epoch {warmup:g}" if record["epoch"] < warmup else ""
+        # a step that sent nothing (skipped: a non-finite gradient somewhere) has no ratio
+        ratio = f"ratio {record['wire_ratio']:.0f}x {over}" if record["sent_bytes"] else f"nothing sent {over}"
         self.console(
             f"step {record['step']} epoch {record['epoch']:.2f} loss {_num(record['train_loss'], '.4f')} "
             f"lr {record['lr']:.4g} "
             f"density {record['density']:.4g} sent {_human_bytes(record['sent_bytes'])} "
-            f"(ratio {record['wire_ratio']:.0f}x {over}{phase}) compute {record['compute_s'] * 1e3:.0f}ms "
+            f"({ratio}{phase}) compute {record['compute_s'] * 1e3:.0f}ms "
             f"compress {record['compress_s'] * 1e3:.1f}ms comm {record['communicate_s'] * 1e3:.1f}ms{skipped}"
         )
         if self.wandb is not None:
@@ -399,6 +518,15 @@ class RunFiles:
     # -- checkpoints and the summary -----------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         checkpoint.save(self.run_dir, state)
+
+    def complete(self, step: int) -> bool:
+        """Rank 0, resuming a run that had trained and evaluated its last step: when its summary is written, say
+        that it is complete (not the summary again) and return True; other ranks return False."""
+        if not self.main or not (self.run_dir / "summary.json").exists():
+            return False
+        self.console(f"{self.run_dir} is complete (step {step}, evaluated): nothing to do; its summary is "
+                     f"{self.run_dir / 'summary.json'}")  # fmt: skip
+        return True
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self.progress is not None:

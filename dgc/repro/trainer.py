@@ -39,6 +39,7 @@ import dgc
 from dgc import seeding
 from dgc.comm import Comm
 from dgc.distributed import DistInfo
+from dgc.repro import checkpoint
 from dgc.repro.config import Config, ConfigError, method_name
 from dgc.repro.rundir import RunFiles
 
@@ -51,7 +52,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class Interrupted(Exception):
-    """The run stopped at a step boundary after a checkpoint, on a signal: run the same command to continue."""
+    """The run stopped at a step boundary after a checkpoint, on a signal: the same command with ``resume=auto``
+    continues it (:meth:`RunFiles.continue_with`)."""
 
 
 class Diverged(Exception):
@@ -175,6 +177,7 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.last_eval_step = -1
         self.window: list[dict[str, float]] = []  # the steps since the last log line (checkpointed)
+        self.saved_step: int | None = None  # the step of the last checkpoint this run saved or resumed from
         self.files = RunFiles(cfg, info)
         self.callbacks = list(callbacks)
         self.stop_signal: str | None = None  # the signal that asked this worker to stop
@@ -190,6 +193,10 @@ class Trainer:
             state = self.files.open()
             if state is not None:
                 self._restore(state)
+                if self.step >= self.total_steps and self.last_eval_step == self.step:
+                    summary = self._summary()
+                    if self.files.complete(self.step):  # (else the summary was not written yet: the loop does)
+                        return summary
             return self._loop()
         finally:
             for signum, handler in handlers.items():
@@ -248,12 +255,31 @@ class Trainer:
     def _diverged(self, steps: str, where: str) -> str:
         n = self.cfg.train.max_bad_steps
         return (f"{n} {steps} had non-finite gradients {where} and were skipped (train.max_bad_steps={n}): "
-                "the run diverged; lower optim.lr, or check the data; the last checkpoint holds the last good "
-                "state")  # fmt: skip
+                f"the run diverged; lower optim.lr, or check the data; {self._last_good()}")  # fmt: skip
+
+    def _check_weights(self) -> None:
+        """After an update from a finite gradient: the weights are still finite, else the run ends here
+        (:class:`Diverged`), before a checkpoint can hold them. The weights are equal on every rank (one averaged
+        gradient), so every rank decides alike; one host read a step."""
+        params = [p.detach() for p in self.model.parameters() if p.is_floating_point()]
+        if bool(torch.stack(torch._foreach_norm(params, ord=math.inf)).isfinite().all()):
+            return
+        bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+        names = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+        raise Diverged(f"the update of step {self.step + 1} made the weights non-finite ({names}) from a finite "
+                       f"gradient: the run diverged; lower optim.lr; {self._last_good()}")  # fmt: skip
+
+    def _last_good(self) -> str:
+        """Where the last good state is, for the line that ends a diverged run."""
+        if self.saved_step is None:
+            return "no checkpoint was saved before"
+        return f"the last checkpoint (step {self.saved_step}, {self.files.run_dir}) holds the last good state"
 
     def _stopped(self) -> str:
         why = f"on {self.stop_signal}" if self.stop_signal else "on another rank's signal"
-        return f"stopped at step {self.step} {why}; checkpoint saved in {self.files.run_dir}: run again to continue"
+        return f"stopped at step {self.step} {why}; checkpoint saved in {self.files.run_dir}: to continue, " + (
+            self.files.continue_with()
+        )
 
     def _notify(self, event: str) -> None:
         for callback in self.callbacks:
@@ -297,6 +323,8 @@ class Trainer:
             if cfg.optim.grad_clip and cfg.sync.clip_norm is None:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
             self.optimizer.step()
+            if self.local is None:  # (with local steps each rank's weights are its own until the exchange)
+                self._check_weights()
         self.optimizer.zero_grad(set_to_none=True)
         sent_bytes, outer_skipped = stats.sent_bytes, False
         if self.local is not None:  # every H-th step (and the last): the pseudo-gradient and the outer step
@@ -459,11 +487,16 @@ class Trainer:
                 "ranks": per_rank,
                 "config": asdict(self.cfg),
             }
-            error = None
-            try:
-                self.files.save_checkpoint(state)
-            except ConfigError as exc:  # e.g. the disk is full: every rank stops with the same message
-                error = str(exc)
+            error: tuple[str, str] | None = None
+            bad = checkpoint.nonfinite(state)
+            if bad:  # never saved: it would rotate the last good checkpoint out
+                error = ("diverged", f"the state of step {self.step} holds non-finite values ({', '.join(bad)}): "
+                         f"not saved; the run diverged; {self._last_good()}")  # fmt: skip
+            else:
+                try:
+                    self.files.save_checkpoint(state)
+                except ConfigError as exc:  # e.g. the disk is full: every rank stops with the same message
+                    error = ("config", str(exc))
         else:
             error = None
         if self.info.collectives:
@@ -471,12 +504,14 @@ class Trainer:
             dist.broadcast_object_list(box, src=0)
             error = box[0]
         if error:
-            raise ConfigError(error)
+            raise (Diverged if error[0] == "diverged" else ConfigError)(error[1])
+        self.saved_step = self.step
         self._checkpoint_requested = False
         self._last_checkpoint = time.monotonic()
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint (its world size and settings were checked by :meth:`RunFiles.open`)."""
+        self.saved_step = state["counters"]["step"]
         if state["world_size"] != self.info.world_size:
             self._restore_elsewhere(state)
             return
