@@ -3,6 +3,8 @@ from, and an update that overflows the weights ends the run at once (real ``pyth
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,38 @@ def test_nonfinite_names_where_the_state_is_not_finite():
     state["optimizer"]["state"][0]["m"][0] = float("-inf")
     assert checkpoint.nonfinite(state) == ["model.w", "optimizer.state.0.m", "ranks[1].compression.r"]
     assert checkpoint.nonfinite(state, limit=1) == ["model.w"]
+
+
+def test_a_skipped_step_leaves_nothing_of_itself(fmnist, tmp_path):
+    """A NaN in one rank's input (step 4) skips the step on every rank; that rank's BatchNorm statistics, which the
+    forward pass made NaN, are put back, so the run goes on, evaluates finite and checkpoints."""
+    run_dir = tmp_path / "run"
+    out = cli([*RUN, f"data.root={fmnist}", "train.max_steps=8", f"run_dir={run_dir}"], tmp_path, nproc=2,
+              env={"DGC_FAULTS": "naninput@4:1"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["skipped_steps"] == 1 and summary["steps"] == 8
+    assert math.isfinite(summary["metrics"]["loss"]) and "not finite" not in out.stdout
+    state = load(run_dir)
+    assert checkpoint.nonfinite(state) == [] and state["ranks"][1]["buffers"]  # rank 1's own statistics, finite
+
+
+def test_a_non_finite_evaluation_is_flagged(fmnist, tmp_path, capsys):
+    """In one process: an evaluation whose loss comes out NaN (here: the task's evaluate made to return it) is
+    flagged with one warning, not reported as if it were a number like any other."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    import dgc.train  # noqa: F401  (registers the schema)
+    from dgc.distributed import init_distributed
+    from dgc.repro.trainer import Trainer
+
+    with initialize_config_module("dgc.conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("config", overrides=[*RUN, f"data.root={fmnist}", "train.max_steps=1",
+                                                               f"run_dir={tmp_path / 'run'}"]))  # fmt: skip
+    trainer = Trainer(cfg, init_distributed("cpu"))
+    evaluate = trainer.task.evaluate
+    trainer.task.evaluate = lambda model, test: {**evaluate(model, test=test), "loss": float("nan")}
+    trainer.fit()
+    out = capsys.readouterr().out
+    assert "warning: the evaluation at step 1 is not finite (loss); check the evaluation data" in out

@@ -144,6 +144,8 @@ class Trainer:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         self.net: torch.nn.Module = self.model
+        self._buffers = list(self.model.buffers())
+        self._buffers_before = [b.detach().clone() for b in self._buffers]
         if cfg.sync.ddp_hook and info.collectives:
             self.net = DistributedDataParallel(
                 self.model, device_ids=[info.device] if info.device.type == "cuda" else None
@@ -299,7 +301,11 @@ class Trainer:
         minutes = self.cfg.train.checkpoint_minutes
         if self.info.is_main and minutes and time.monotonic() - self._last_checkpoint >= 60 * minutes:
             self.sync.request("checkpoint")  # agreed by every rank in this step's exchange
+        self._notify("before_step")
         t0 = time.perf_counter()
+        # what the forward passes change besides the loss (BatchNorm statistics), put back if the step is skipped
+        if self._buffers:
+            torch._foreach_copy_(self._buffers_before, self._buffers)
         loss_sum = 0.0
         for i in range(acc):
             batch = next(batches)
@@ -319,6 +325,8 @@ class Trainer:
         # clipping after aggregation is the dense baseline's; with local clipping on (DGC), each worker
         # already clipped its own gradient before accumulating it, and the aggregated sparse update
         # (many steps' accumulated gradient) must not be clipped again (paper, section 3.2)
+        if stats.skipped and self._buffers:  # nothing of a skipped step stays: not its batch's statistics either
+            torch._foreach_copy_(self._buffers, self._buffers_before)
         if not stats.skipped:  # a skipped step (non-finite gradient on some rank) updates nothing
             if cfg.optim.grad_clip and cfg.sync.clip_norm is None:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
@@ -419,6 +427,10 @@ class Trainer:
             # local steps: the weights every worker last agreed on (the run's last step is an exchange)
             self.last_eval = self.task.evaluate(self.model, test=test)
         self.last_eval_step = self.step
+        bad = [k for k, v in self.last_eval.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            self.files.console(f"warning: the evaluation at step {self.step} is not finite ({', '.join(bad)}); "
+                               "check the evaluation data")  # fmt: skip
         record = {"kind": "eval", "step": self.step, "epoch": epoch}
         record.update(self.last_eval)
         record["wire_ratio"] = self._wire_ratio()
