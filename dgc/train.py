@@ -295,7 +295,7 @@ def launch(nproc: int, max_restarts: int, overrides: list[str], run_dir: str | N
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from dgc.repro.rundir import RUN_DIR_CHOSEN, continue_with
+    from dgc.repro.locate import RUN_DIR_CHOSEN, continue_with
 
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     os.environ[LAUNCHER_PID] = str(os.getpid())
@@ -383,7 +383,7 @@ def main() -> None:
     if nproc:
         run_dir = None
         if cfg is not None and cfg.run_dir is None:  # chosen once here: every worker and every restart shares it
-            from dgc.repro.rundir import choose_run_dir
+            from dgc.repro.locate import choose_run_dir
 
             run_dir = choose_run_dir(cfg)
         launch(nproc, restarts, args, run_dir)

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 import dgc
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
-from dgc.repro import presets, rundir
+from dgc.repro import locate, presets
 from dgc.repro.config import Config
 from tests.datafiles import write_fmnist
 
@@ -139,15 +139,15 @@ def test_the_default_run_dir_of_a_job_that_may_restart_is_the_same_in_every_atte
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "811bb351-c65e-498e-94b3-6228d79133b2")
-    assert rundir.default_run_dir("t", "dgc") == "runs/t/dgc/torchrun-811bb351"
+    assert locate.default_run_dir("t", "dgc") == "runs/t/dgc/torchrun-811bb351"
     Path("runs/t/dgc/torchrun-811bb351").mkdir(parents=True)  # a restart finds it, not a fresh one
-    assert rundir.default_run_dir("t", "dgc") == "runs/t/dgc/torchrun-811bb351"
+    assert locate.default_run_dir("t", "dgc") == "runs/t/dgc/torchrun-811bb351"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # a rendezvous without an id says nothing of the job
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_STEP_ID", "3")
-    assert rundir.default_run_dir("t", "dgc") == "runs/t/dgc/slurm-4242.3"
+    assert locate.default_run_dir("t", "dgc") == "runs/t/dgc/slurm-4242.3"
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    assert rundir.restart_count() == 2 and rundir.job_id() == "slurm-4242.3"
+    assert locate.restart_count() == 2 and locate.job_id() == "slurm-4242.3"
 
 
 def test_default_run_dirs_of_a_sweep_differ(tmp_path, monkeypatch):
@@ -155,14 +155,14 @@ def test_default_run_dirs_of_a_sweep_differ(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):  # (outside a job that may restart)
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(rundir.time, "strftime", lambda fmt: "20250101-000000")
-    first = rundir.default_run_dir("t", "dgc")
+    monkeypatch.setattr(locate.time, "strftime", lambda fmt: "20250101-000000")
+    first = locate.default_run_dir("t", "dgc")
     assert first == f"runs/t/dgc/20250101-000000-{os.getpid()}"
     Path(first).mkdir(parents=True)
-    second = rundir.default_run_dir("t", "dgc")
+    second = locate.default_run_dir("t", "dgc")
     assert second != first
     Path(second).mkdir()
-    assert len({first, second, rundir.default_run_dir("t", "dgc")}) == 3
+    assert len({first, second, locate.default_run_dir("t", "dgc")}) == 3
 
 
 def test_multirun_sweep(tmp_path):

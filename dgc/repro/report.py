@@ -38,8 +38,9 @@ import yaml
 
 from dgc import atomic
 from dgc.repro import checkpoint, frontier_cost, plots
+from dgc.repro.locate import MULTIRUN_RECORD
 from dgc.repro.rows import Paper, Row
-from dgc.repro.rundir import MULTIRUN_RECORD, read_records
+from dgc.repro.rundir import read_records
 from dgc.repro.tables import HEADLINE, METRICS, TABLES, Run, Table, get_table
 
 #: where the Makefile (and the shipped tables) keep the runs and the reports
