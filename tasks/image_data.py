@@ -11,6 +11,7 @@ import os
 import pickle
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -94,20 +95,68 @@ CIFAR_HINT = (
 )
 
 
-class _LocalCIFAR10(torchvision.datasets.CIFAR10):
-    """torchvision's CIFAR-10 reader without the checksum (files present are read as they are)."""
+CIFAR_TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
+CIFAR_TEST = ["test_batch"]
 
-    def _check_integrity(self) -> bool:
-        base = Path(self.root) / self.base_folder
-        return all((base / name).is_file() for name, _ in self.train_list + self.test_list)
 
-    def _load_meta(self) -> None:  # torchvision's checks the md5 of batches.meta
-        path = Path(self.root) / self.base_folder / self.meta["filename"]
-        if not path.is_file():
-            raise RuntimeError(f"{path.name} not found")
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles data, never code: containers, numbers, strings and numpy arrays, nothing else (a batch file is
+    a pickle, and a pickle can name any callable to run; torchvision's md5 check is not done here, so that any
+    copy of the data set is read)."""
+
+    ALLOWED = frozenset(
+        (module, name)
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray", "numpy")
+        for name in ("_reconstruct", "ndarray", "dtype", "scalar")
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which is code, not data")
+
+
+def read_cifar_batch(path: Path, keys: tuple[str, ...] = ("data", "labels")) -> dict:
+    """One CIFAR-10 python batch (a dict with ``data``, a uint8 array of rows of 3072 bytes, and ``labels``;
+    ``batches.meta``: ``label_names``); a DataError naming the file when it is anything else."""
+    try:
         with open(path, "rb") as f:
-            self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
-        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+            batch = _ArraysOnly(f, encoding="latin1").load()
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror}") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged or planted file raises: one line
+        raise DataError(f"{path} is not a CIFAR-10 batch ({exc}); refused: {CIFAR_HINT}") from None
+    if not isinstance(batch, dict) or any(k not in batch for k in keys):
+        raise DataError(f"{path} is not a CIFAR-10 batch (no {' and '.join(keys)}): {CIFAR_HINT}")
+    return batch
+
+
+class CIFAR10Batches(Dataset):
+    """CIFAR-10's python batches as (transformed PIL image, label) pairs, read with :class:`_ArraysOnly`."""
+
+    def __init__(self, root: str, train: bool, transform: Any) -> None:
+        base = Path(root) / "cifar-10-batches-py"
+        missing = [n for n in (CIFAR_TRAIN if train else CIFAR_TEST) + ["batches.meta"] if not (base / n).is_file()]
+        if missing:
+            raise DataError(f"CIFAR-10 in {root} is incomplete ({', '.join(missing)} not found): {CIFAR_HINT}")
+        batches = [read_cifar_batch(base / n) for n in (CIFAR_TRAIN if train else CIFAR_TEST)]
+        self.classes = [str(c) for c in read_cifar_batch(base / "batches.meta", ("label_names",))["label_names"]]
+        try:
+            self.data = np.vstack([b["data"] for b in batches]).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+            self.targets = [int(label) for b in batches for label in b["labels"]]
+        except (ValueError, TypeError) as exc:
+            raise DataError(f"CIFAR-10 in {root} holds batches of the wrong shape ({exc}): {CIFAR_HINT}") from None
+        if len(self.targets) != len(self.data):
+            raise DataError(f"CIFAR-10 in {root}: {len(self.data)} images but {len(self.targets)} labels")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        from PIL import Image
+
+        return self.transform(Image.fromarray(self.data[index])), self.targets[index]
 
 
 def cifar10(root: str, train: bool, augment: bool) -> Dataset:
@@ -115,10 +164,7 @@ def cifar10(root: str, train: bool, augment: bool) -> Dataset:
         raise DataError(f"CIFAR-10 not found in {root}: {CIFAR_HINT}")
     norm = T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
     ops = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if train and augment else []
-    try:
-        return _LocalCIFAR10(root, train=train, download=False, transform=T.Compose([*ops, T.ToTensor(), norm]))
-    except RuntimeError as exc:
-        raise DataError(f"CIFAR-10 in {root} is incomplete ({exc}): {CIFAR_HINT}") from None
+    return CIFAR10Batches(root, train, T.Compose([*ops, T.ToTensor(), norm]))
 
 
 # -- ImageFolder (ImageNet layout) ---------------------------------------------------------

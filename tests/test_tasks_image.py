@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import struct
 
 import numpy as np
@@ -92,6 +93,26 @@ def test_cifar10_reader(data):
             cifar10(str(data["cifar10"]), train=True, augment=False)
     finally:
         (data["cifar10"] / "away").rename(data["cifar10"] / "cifar-10-batches-py" / "data_batch_5")
+
+
+def test_a_cifar_batch_that_carries_code_is_refused_without_running_it(tmp_path):
+    """A planted data_batch_1 whose pickle calls os.system: one DataError naming the file, and nothing ran."""
+    import os
+
+    root = write_cifar10(tmp_path / "cifar10", per_batch=4, n_test=4)
+    ran = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (os.system, (f"touch {ran}",))
+
+    (root / "cifar-10-batches-py" / "data_batch_1").write_bytes(pickle.dumps({"data": Planted(), "labels": []}))
+    with pytest.raises(DataError) as info:
+        cifar10(str(root), train=True, augment=False)
+    assert str(info.value).startswith(f"{root / 'cifar-10-batches-py' / 'data_batch_1'} is not a CIFAR-10 batch")
+    assert "which is code, not data" in str(info.value) and "\n" not in str(info.value)
+    assert not ran.exists()
+    assert len(cifar10(str(root), train=False, augment=False)) == 4  # the untouched test batch still reads
 
 
 def test_imagefolder_reader(data):
