@@ -149,6 +149,21 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+def test_a_log_that_is_not_utf8_is_one_line_naming_it(fmnist, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    (run_dir / "checkpoint.pt").unlink()  # resume from the previous checkpoint: the log past it is cut
+    with open(run_dir / "metrics.jsonl", "ab") as f:
+        f.write(b'{"kind": "train", "step": 17, "note": "\xff\xfe"}\n')
+    before = snapshot(run_dir)
+    out = cli(args(fmnist, run_dir), tmp_path, nproc=2)
+    assert out.returncode == EXIT_USER
+    line = one_line(out)
+    assert line.startswith(f"error: {run_dir / 'metrics.jsonl'} is not UTF-8 text (a bad byte at offset ")
+    assert line.endswith("; repair or remove it, then resume")
+    assert snapshot(run_dir) == before  # nothing rewritten
+
+
 def test_a_checkpoint_carrying_a_callable_is_refused_without_running_it(fmnist, reference, tmp_path):
     run_dir, marker = tmp_path / "run", tmp_path / "pwned"
     shutil.copytree(reference, run_dir)

@@ -63,13 +63,13 @@ class MetricsLog:
         line (a write cut short); returns the warnings."""
         if not self.enabled:
             return []
-        if step > 0 and (not self.path.exists() or not self.path.read_text().strip()):
+        if step > 0 and (not self.path.exists() or not self.path.stat().st_size):
             return [f"{self.path} is missing or empty: the log of steps 1-{step} is lost (the checkpoint is "
                     f"intact); logging goes on after step {step}"]  # fmt: skip
         if not self.path.exists():
             return []
         keep, warnings = [], []
-        lines = self.path.read_text().splitlines()
+        lines = self.lines()
         for i, line in enumerate(lines):
             if not line:
                 continue
@@ -84,6 +84,15 @@ class MetricsLog:
                 keep.append(line)
         atomic.write_text(self.path, "\n".join(keep) + "\n" if keep else "")
         return warnings
+
+    def lines(self) -> list[str]:
+        """The log's lines; a ConfigError naming the file when it is not UTF-8 text (checked before a resume
+        changes anything)."""
+        try:
+            return self.path.read_text().splitlines()
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{self.path} is not UTF-8 text (a bad byte at offset {exc.start}); repair or remove "
+                              "it, then resume") from None  # fmt: skip
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -182,6 +191,8 @@ class RunFiles:
             files = checkpoint.paths(self.run_dir)
             mode = self.cfg.resume
             leftover = (self.run_dir / "metrics.jsonl").exists()
+            if leftover:
+                self.metrics.lines()  # a log that cannot be read is said before anything changes
             if mode is False and (files or leftover) and self._restarted_here():
                 mode = "auto"  # a restart of the job that started this run: it continues, as resume=auto would
             if mode is False and files:
