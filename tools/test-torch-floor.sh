@@ -11,16 +11,19 @@ bound=$(sed -nE 's/^dependencies = \["torch>=([0-9.]+)"\]$/\1/p' pyproject.toml)
 [[ -n $bound ]] || { echo "test-torch-floor: no torch>= bound found in pyproject.toml's dependencies" >&2; exit 1; }
 TORCH_FLOOR=${TORCH_FLOOR:-$bound.1}
 uv=$(tools/install.sh --print-uv)
-venv=$(mktemp -d "${TMPDIR:-/tmp}/dgc-torch-floor.XXXXXX")
-trap 'rm -rf "$venv"' EXIT
+work=$(mktemp -d "${TMPDIR:-/tmp}/dgc-torch-floor.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+venv=$work/venv
+export TMPDIR=$work/tmp  # what uv and the tests leave in the temporary folder goes with the venv
+mkdir "$TMPDIR"
 "$uv" venv -q --python "${PYTHON:-python3}" "$venv"
 # numpy < 2: the NumPy ABI the oldest torch builds were made for
 "$uv" pip install -q --no-config --python "$venv/bin/python" "torch==$TORCH_FLOOR" "numpy<2" pytest packaging
 # dgc itself (its core: no extra), for the tests' worker scripts (the test process imports this checkout's),
 # built from a copy of the files git would commit: a build in place would leave build/ and dgc.egg-info here
-mkdir "$venv/src"
-git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$venv/src" 2>/dev/null || true
-"$uv" pip install -q --no-config --no-deps --python "$venv/bin/python" "$venv/src"
+mkdir "$work/src"
+git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/src" 2>/dev/null || true
+"$uv" pip install -q --no-config --no-deps --python "$venv/bin/python" "$work/src"
 # test modules that import no extra and nothing of the reproduction framework
 extras='hydra|omegaconf|torchvision|torchaudio|scipy|matplotlib|lightning|accelerate|soundfile'
 above='dgc\.(repro|bench|train|tasks|costmodel)|tests\.(runs|datafiles)'
