@@ -197,6 +197,7 @@ def _is_timeout(exc: BaseException) -> bool:
 def _main(cfg: DictConfig) -> dict | None:
     from dgc.distributed import init_distributed, shutdown
     from dgc.repro import faults
+    from dgc.repro.locate import continue_with
     from dgc.repro.trainer import Diverged, Interrupted, Trainer
 
     config = typed(cfg)
@@ -228,7 +229,7 @@ def _main(cfg: DictConfig) -> dict | None:
                   f"({type(exc).__name__})", EXIT_STALLED)  # fmt: skip
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if _peer_lost(exc):
-            how = trainer.files.continue_with() if trainer is not None else "run the same command with resume=auto"
+            how = trainer.files.continue_with() if trainer is not None else continue_with(None)
             _fail(f"another rank stopped (gloo: {first.split('] ')[-1]}); to continue from the last checkpoint, "
                   f"{how}", EXIT_ERROR)  # fmt: skip
         if _rank() != 0:  # a failure of this rank alone: say which
@@ -330,9 +331,9 @@ def launch(nproc: int, max_restarts: int, overrides: list[str], run_dir: str | N
         # else a worker killed by a signal (a negative code) could not say anything: name it
         for f in failures:
             if f.exitcode < 0:
-                how = continue_with(run_dir, given=False) if run_dir else "run the same command with resume=auto"
                 print(f"error: rank {f.local_rank} (pid {f.pid}) was killed by {_signal_name(f.exitcode)}; to "
-                      f"continue from the last checkpoint, {how}", file=sys.stderr, flush=True)  # fmt: skip
+                      f"continue from the last checkpoint, {continue_with(run_dir)}", file=sys.stderr,
+                      flush=True)  # fmt: skip
         sys.exit(EXIT_ERROR)
     finally:
         logs.cleanup()

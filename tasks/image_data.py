@@ -135,11 +135,11 @@ class CIFAR10Batches(Dataset):
     """CIFAR-10's python batches as (transformed PIL image, label) pairs, read with :class:`_ArraysOnly`."""
 
     def __init__(self, root: str, train: bool, transform: Any) -> None:
-        base = Path(root) / "cifar-10-batches-py"
-        missing = [n for n in (CIFAR_TRAIN if train else CIFAR_TEST) + ["batches.meta"] if not (base / n).is_file()]
+        base, names = Path(root) / "cifar-10-batches-py", CIFAR_TRAIN if train else CIFAR_TEST
+        missing = [n for n in [*names, "batches.meta"] if not (base / n).is_file()]
         if missing:
             raise DataError(f"CIFAR-10 in {root} is incomplete ({', '.join(missing)} not found): {CIFAR_HINT}")
-        batches = [read_cifar_batch(base / n) for n in (CIFAR_TRAIN if train else CIFAR_TEST)]
+        batches = [read_cifar_batch(base / n) for n in names]
         self.classes = [str(c) for c in read_cifar_batch(base / "batches.meta", ("label_names",))["label_names"]]
         try:
             self.data = np.vstack([b["data"] for b in batches]).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)

@@ -26,10 +26,11 @@ _recorded: set[Path] = set()  # the records this process added to (said at exit)
 RUN_DIR_CHOSEN = "DGC_RUN_DIR_CHOSEN"
 
 
-def continue_with(run_dir: str | Path, given: bool) -> str:
-    """How to continue a stopped run: the same command with ``resume=auto``, and with ``run_dir=`` when the
-    command did not give it (a new start of it would choose another directory)."""
-    if given and not os.environ.get(RUN_DIR_CHOSEN):
+def continue_with(run_dir: str | Path | None) -> str:
+    """How to continue a stopped run: the same command with ``resume=auto``, and with ``run_dir=`` when a new
+    start of that command would choose another directory (``run_dir``: the directory then; None when the command
+    gave it)."""
+    if run_dir is None:
         return "run the same command with resume=auto"
     return f"run the same command with run_dir={run_dir} resume=auto"
 
@@ -64,9 +65,9 @@ def default_run_dir(task: str, compression: str) -> str:
 
     In a job of a Hydra multirun (``python -m dgc.train -m ...``) rank 0 also adds it to the sweep's
     :data:`MULTIRUN_RECORD`, and the process says at exit where that list is."""
-    job = job_id() if _multirun_folder() is None else None
+    job = _job_dir(task, compression)
     if job is not None:
-        return str(Path("runs") / task / compression / job)
+        return str(job)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path("runs") / task / compression / f"{stamp}-{os.getpid()}"
     path, n = base, 1
@@ -105,14 +106,20 @@ def choose_run_dir(cfg: Config) -> str:
     else a new :func:`default_run_dir`."""
     if cfg.run_dir:
         return cfg.run_dir
-    job = job_id() if _multirun_folder() is None else None
-    if job is not None and (Path("runs") / cfg.task.name / method_name(cfg) / job).is_dir():
-        return str(Path("runs") / cfg.task.name / method_name(cfg) / job)
+    job = _job_dir(cfg.task.name, method_name(cfg))
+    if job is not None and job.is_dir():
+        return str(job)
     found = find_run(cfg) if cfg.resume in (True, "auto") else None
     if found is not None:
         _record_multirun(found)
         return str(found)
     return default_run_dir(cfg.task.name, method_name(cfg))
+
+
+def _job_dir(task: str, compression: str) -> Path | None:
+    """``runs/<task>/<compression>/<job>`` in a job that may restart (not a sweep's job), else None."""
+    job = job_id() if _multirun_folder() is None else None
+    return None if job is None else Path("runs") / task / compression / job
 
 
 def _multirun_folder() -> Path | None:

@@ -35,7 +35,7 @@ from dgc import atomic
 from dgc.distributed import DistInfo, broadcast_object
 from dgc.repro import checkpoint
 from dgc.repro.config import Config, ConfigError, method_name
-from dgc.repro.locate import choose_run_dir, continue_with, job_id, restart_count
+from dgc.repro.locate import RUN_DIR_CHOSEN, choose_run_dir, continue_with, job_id, restart_count
 from dgc.repro.runlock import RunLock
 
 
@@ -242,7 +242,8 @@ class RunFiles:
 
     def continue_with(self) -> str:
         """How to continue this run after a stop (:func:`continue_with`)."""
-        return continue_with(self.run_dir, given=self.cfg.run_dir is not None)
+        given = self.cfg.run_dir is not None and not os.environ.get(RUN_DIR_CHOSEN)
+        return continue_with(None if given else self.run_dir)
 
     def _restarted_here(self) -> bool:
         """This start is a restart (torchrun's agent, a Slurm requeue) of the job that wrote the run's env.json."""

@@ -144,6 +144,7 @@ class Trainer:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         self.net: torch.nn.Module = self.model
+        self._weights = [p.detach() for p in self.model.parameters() if p.is_floating_point()]  # checked each step
         self._buffers = list(self.model.buffers())
         self._buffers_before = [b.detach().clone() for b in self._buffers]
         if cfg.sync.ddp_hook and info.collectives:
@@ -195,10 +196,9 @@ class Trainer:
             state = self.files.open()
             if state is not None:
                 self._restore(state)
-                if self.step >= self.total_steps and self.last_eval_step == self.step:
-                    summary = self._summary()
-                    if self.files.complete(self.step):  # (else the summary was not written yet: the loop does)
-                        return summary
+                done = self.step >= self.total_steps and self.last_eval_step == self.step
+                if done and self.files.complete(self.step):  # (else the summary is not written yet: the loop does)
+                    return self._summary()
             return self._loop()
         finally:
             for signum, handler in handlers.items():
@@ -263,8 +263,7 @@ class Trainer:
         """After an update from a finite gradient: the weights are still finite, else the run ends here
         (:class:`Diverged`), before a checkpoint can hold them. The weights are equal on every rank (one averaged
         gradient), so every rank decides alike; one host read a step."""
-        params = [p.detach() for p in self.model.parameters() if p.is_floating_point()]
-        if bool(torch.stack(torch._foreach_norm(params, ord=math.inf)).isfinite().all()):
+        if bool(torch.stack(torch._foreach_norm(self._weights, ord=math.inf)).isfinite().all()):
             return
         bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
         names = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
