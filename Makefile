@@ -47,8 +47,9 @@ overlap-demo: install ## make demo's DGC with sync.overlap=true; prints its top-
 # where the data sets live: $DGC_DATA, else data/ here (what the configs' ${data_home:...} resolves to)
 DATA ?= $(or $(DGC_DATA),data)
 
-data: install ## build the offline corpora under $(DATA) (skipped when present): KJV text for kjv_lstm, espeak-ng speech for synth_deepspeech (~2 min)
+data: install ## build the offline corpora under $(DATA) (skipped when present): KJV text for kjv_lstm and kjv_gpt, espeak-ng speech for synth_deepspeech (~2 min)
 	$(PY) -m dgc.tasks.text_corpora --root $(DATA)/kjv
+	$(PY) -m dgc.tasks.token_files --root $(DATA)/kjv_char
 	$(PY) -m dgc.tasks.synth_speech --root $(DATA)/synth_speech
 
 test: install ## run the test suite (CPU, gloo; what CI runs)

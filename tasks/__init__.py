@@ -22,6 +22,7 @@ TASK_KINDS: Registry[type[Task]] = Registry("task kind")
 TASK_KINDS.lazy("image", "dgc.tasks.classification:ImageClassification")
 TASK_KINDS.lazy("language", "dgc.tasks.language_modeling:LanguageModeling")
 TASK_KINDS.lazy("speech", "dgc.tasks.speech_recognition:SpeechRecognition")
+TASK_KINDS.lazy("causal_lm", "dgc.tasks.causal_lm:CausalLM")
 
 
 def build_task(cfg: Config, info: DistInfo) -> Task:

@@ -7,7 +7,8 @@
   randomly initialized (no download);
 * ``fmnist_wide``: an AlexNet-shaped net for Fashion-MNIST (the end-to-end cluster benchmark's);
 * ``lstm_lm``, ``deepspeech``: the word language model and the DeepSpeech acoustic model of the
-  language and speech tasks (:mod:`dgc.tasks.rnn_models`).
+  language and speech tasks (:mod:`dgc.tasks.rnn_models`);
+* ``gpt``: the GPT-2-shaped transformer of the causal language-modelling tasks (:mod:`dgc.tasks.gpt`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import torchvision
+from dgc.tasks.gpt import gpt
 from dgc.tasks.rnn_models import deepspeech, lstm_lm
 from torch import nn
 
@@ -115,7 +117,8 @@ def torchvision_model(arch: str = "resnet50", num_classes: int = 1000, zero_init
 #: model builders by ``model.name`` (``MODELS.add(name, builder)`` adds one)
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
 for _name, _builder in (("resnet_cifar", resnet_cifar), ("torchvision", torchvision_model),
-                        ("fmnist_wide", FmnistWide), ("lstm_lm", lstm_lm), ("deepspeech", deepspeech)):  # fmt: skip
+                        ("fmnist_wide", FmnistWide), ("lstm_lm", lstm_lm), ("deepspeech", deepspeech),
+                        ("gpt", gpt)):  # fmt: skip
     MODELS.add(_name, _builder)
 
 

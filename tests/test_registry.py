@@ -19,7 +19,7 @@ def test_every_family_uses_the_registry_and_names_the_valid_entries():
             registry.pick("nope")
         assert str(err.value) == f"unknown {kind} 'nope'; valid: {', '.join(registry)}"
     assert list(EXCHANGES) == ["flat", "densify", "hierarchical", "sparse_allreduce"]
-    assert {"image", "language", "speech"} == set(TASK_KINDS)
+    assert {"image", "language", "speech", "causal_lm"} == set(TASK_KINDS)
 
 
 def test_register_by_name_attribute_and_refuse_a_second_entry_of_the_same_name():

@@ -57,7 +57,7 @@ EXIT_INTERRUPTED = 75
 @dataclass
 class TaskConfig:
     name: str = "???"
-    #: which task family runs it: image | language | speech
+    #: which task family runs it: image | language | speech | causal_lm
     kind: str = "image"
     #: DGC's density warm-up for this task, in epochs; used by the sparse compression presets
     compression_warmup_epochs: float = 0.0
@@ -92,6 +92,9 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    #: sgd (momentum SGD, :class:`dgc.SGD`: what DGC's momentum correction needs) | adamw (``torch.optim.AdamW``,
+    #: decoupled weight decay; ``momentum`` and ``nesterov`` unused)
+    name: str = "sgd"
     #: learning rate per worker; multiplied by the world size when ``scale_lr``
     lr: float = 0.1
     scale_lr: bool = True
@@ -100,8 +103,14 @@ class OptimConfig:
     weight_decay: float = 1e-4
     #: no weight decay on BatchNorm parameters and biases (tensors with dim <= 1)
     no_decay_1d: bool = False
+    #: adamw: the decay rates of the first and second moment estimates
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    #: adamw: added to the square root of the second moment
+    eps: float = 1e-8
     #: cosine | multistep | constant
     schedule: str = "cosine"
+    #: cosine: the rate at the end of the run, as a fraction of the peak rate (nanoGPT: 0.1)
+    final_lr_ratio: float = 0.0
     #: epochs at which multistep multiplies the rate by ``gamma``
     milestones: list[float] = field(default_factory=list)
     gamma: float = 0.1

@@ -31,9 +31,9 @@ from dgc.repro import frontier
 from dgc.repro.rows import Paper, Row, seeded
 
 #: the headline metric of each task kind, and whether higher is better
-HEADLINE = {"image": "top1", "language": "ppl", "speech": "wer"}
+HEADLINE = {"image": "top1", "language": "ppl", "speech": "wer", "causal_lm": "loss"}
 #: a headline metric's counterpart on the validation split (what settings are chosen on)
-VALIDATION = {"ppl": "val_ppl", "wer": "dev_wer", "top1": "val_top1"}
+VALIDATION = {"ppl": "val_ppl", "wer": "dev_wer", "top1": "val_top1", "loss": "val_loss"}
 #: metric -> (label, higher is better)
 METRICS: dict[str, tuple[str, bool]] = {
     "top1": ("top-1 %", True),
@@ -41,6 +41,10 @@ METRICS: dict[str, tuple[str, bool]] = {
     "val_top1": ("validation top-1 %", True),
     "ppl": ("perplexity", False),
     "val_ppl": ("validation perplexity", False),
+    "loss": ("test loss (nats/token)", False),
+    "val_loss": ("validation loss (nats/token)", False),
+    "bpc": ("bits per character", False),
+    "val_bpc": ("validation bits per character", False),
     "wer": ("WER %", False),
     "cer": ("CER %", False),
     "test_other_wer": ("WER % test-other", False),

@@ -44,6 +44,8 @@ from dgc.repro.config import Config, ConfigError, method_name
 from dgc.repro.rundir import RunFiles
 
 SCHEDULES = ("cosine", "multistep", "constant")
+#: ``optim.name``: momentum SGD (:class:`dgc.SGD`) or AdamW (``torch.optim.AdamW``)
+OPTIMIZERS = ("sgd", "adamw")
 #: when the test split is read: at every evaluation, at the run's last one only, never (the validation split only)
 TEST_EVAL = ("every", "end", "never")
 #: the signals that stop a run at the next step boundary (Slurm: --signal=USR1@<seconds>; preemption: TERM)
@@ -68,7 +70,8 @@ def learning_rate(cfg: Config, base: float, epoch: float) -> float:
     if opt.schedule == "cosine":
         span = max(cfg.train.epochs - opt.warmup_epochs, 1e-9)
         progress = min(max((epoch - opt.warmup_epochs) / span, 0.0), 1.0)
-        return base * 0.5 * (1 + math.cos(math.pi * progress))
+        floor = opt.final_lr_ratio
+        return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
     if opt.schedule == "multistep":
         return base * opt.gamma ** sum(epoch >= m for m in opt.milestones)
     return base
@@ -84,6 +87,18 @@ def validate(cfg: Config) -> None:
         (t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}"),
         (o.schedule in SCHEDULES, f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {o.schedule!r}"),
         (o.lr > 0, f"optim.lr must be > 0, got {o.lr}"),
+        (o.name in OPTIMIZERS, f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {o.name!r}"),
+        (
+            len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+            f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}",
+        ),
+        (o.eps > 0, f"optim.eps must be > 0, got {o.eps}"),
+        (0 <= o.final_lr_ratio <= 1, f"optim.final_lr_ratio must be in [0, 1], got {o.final_lr_ratio}"),
+        (
+            o.name == "sgd" or cfg.sync.accumulate == "gradients",
+            "sync.accumulate=updates scales each gradient by its SGD learning rate, which AdamW's normalized step "
+            "undoes: use it with optim.name=sgd, or set sync.accumulate=gradients",
+        ),
         (cfg.logger.mode in ("offline", "online", "disabled"), "logger.mode must be offline, online or disabled"),
         (cfg.resume in (True, False, "auto"), f"resume must be true, false or auto, got {cfg.resume!r}"),
         (cfg.resume is not True or cfg.run_dir, "resume=true needs run_dir=PATH of the run to continue"),
@@ -161,9 +176,7 @@ class Trainer:
                 {"params": [p for p in params if p.dim() > 1]},
                 {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0},
             ]
-        self.optimizer = dgc.SGD(
-            groups, self.sync, lr=self.base_lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay
-        )
+        self.optimizer = self._optimizer(groups)
         schedule = getattr(compressor, "schedule", None)
         self.compression_warmup = schedule.warmup_epochs if schedule is not None else 0.0
         self.steps_per_epoch = self.task.batches_per_epoch() // cfg.train.accumulate
@@ -187,6 +200,22 @@ class Trainer:
         self._stopping = False  # every worker agreed to stop after this step
         self._checkpoint_requested = False  # rank 0 asked for a checkpoint by time
         self._last_checkpoint = time.monotonic()
+
+    def _optimizer(self, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        """``optim.name``'s optimizer. AdamW steps on the averaged gradient; it cannot be fed by a compressor that
+        keeps the momentum itself (DGC's momentum correction: its averaged gradient is already a momentum step)."""
+        o = self.cfg.optim
+        if o.name == "sgd":
+            return dgc.SGD(groups, self.sync, lr=self.base_lr, momentum=o.momentum, nesterov=o.nesterov,
+                           weight_decay=o.weight_decay)  # fmt: skip
+        if self.sync.compressor.owns_momentum:
+            raise ConfigError(
+                f"compression={self.cfg.compression.name} keeps the optimizer's momentum (momentum correction), "
+                "which optim.name=adamw cannot take: use optim.name=sgd (DGC as published), or "
+                "compression.momentum_correction=false (sparse gradients with error feedback, AdamW on their average)"
+            )
+        return torch.optim.AdamW(groups, lr=self.base_lr, betas=tuple(o.betas), eps=o.eps,
+                                 weight_decay=o.weight_decay)  # fmt: skip
 
     # -- the loop ------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
