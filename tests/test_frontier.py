@@ -44,3 +44,29 @@ def test_the_table_runs_every_arm_with_two_seeds_and_reads_the_test_split_once()
     assert len(cfg) == 2 * len(frontier.ARMS)
     for key, run in cfg.items():
         assert run.train.test_eval == "end" and run.data.validation == 5000 and run.seed == int(key[-1])
+
+
+def test_the_language_model_frontier_gives_diloco_at_dgcs_bytes_thirty_outer_steps():
+    from dgc.repro import lm_frontier
+
+    grid = _configs("cpu-lm-frontier-grid")
+    assert len(grid) == 3 * len(lm_frontier.ARMS)
+    keys = list(grid)
+    assert keys[: len(lm_frontier.ARMS)] == [f"{arm.key}-x1" for arm in lm_frontier.ARMS]  # every arm's x1 first
+    for key, run in grid.items():
+        assert run.task.name == "kjv_gpt" and run.train.epochs == 3.2 and run.train.test_eval == "never", key
+        assert run.seed == 0 and run.train.batch_size == 6
+    # the two DGCs beside AdamW: as published (momentum SGD), and sparse with error feedback feeding AdamW
+    a, b = grid["dgc-sgd-x1"], grid["dgc-adamw-x1"]
+    assert a.optim.name == "sgd" and a.compression.momentum_correction and a.sync.clip_norm == 1.0
+    assert b.optim.name == "adamw" and not b.compression.momentum_correction and not b.compression.momentum_masking
+    assert grid["dgc-chunk-x1"].compression.selection == "chunk" and grid["dgc-chunk-x1"].optim.name == "adamw"
+    assert grid["demo-x1"].optim.name == "sgd" and grid["sparseloco-x1"].optim.name == "adamw"
+    matched = grid["diloco-h256-x1"]
+    assert matched.compression.name == "bf16" and matched.local_steps.every == 256
+    # 3.2 epochs of 4 workers x 6 windows: at least 30 outer steps at H = 256 (the floor)
+    steps = (((3_731_727 - 1) // 64 - 1) // 4) // 6
+    assert int(3.2 * steps) + 1 >= 30 * 256
+    final = _configs("cpu-lm-frontier")
+    assert len(final) == 2 * len(lm_frontier.ARMS)
+    assert all(run.train.test_eval == "end" and run.seed == int(key[-1]) for key, run in final.items())

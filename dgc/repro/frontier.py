@@ -79,32 +79,58 @@ def _lr(arm: Arm, multiplier: float) -> str:
     return f"{arm.lr_key}={arm.lr * multiplier!r}"
 
 
-def grid_rows() -> tuple[Row, ...]:
-    group = f"{GROUP}: learning-rate grid, validation split"
+@dataclass(frozen=True)
+class Setup:
+    """One frontier: its task and workers, what every arm runs with, its arms, and the grid's outcome."""
+
+    task: str
+    world_size: int
+    #: overrides of every run (the budget, the validation split)
+    overrides: tuple[str, ...]
+    #: the table's group label (the setup in words)
+    group: str
+    arms: tuple[Arm, ...]
+    #: the arms whose best rate was an end of the grid: one more multiplier past that end
+    extended: dict[str, float]
+    #: the multiplier chosen per arm on the grid's validation metric (None: not chosen yet)
+    chosen: dict[str, float | None]
+    grid: tuple[float, ...] = GRID
+
+
+#: make demo's setup (ResNet-20 on Fashion-MNIST)
+FMNIST = Setup("fmnist_resnet20", 4, SETUP, GROUP, ARMS, EXTENDED, CHOSEN)
+
+
+def grid_rows(setup: Setup = FMNIST) -> tuple[Row, ...]:
+    """Every arm at every multiplier of its grid: each arm's x1 first (a sweep cut short has them all), then the
+    others in increasing order."""
+    group = f"{setup.group}: learning-rate grid, validation split"
     return tuple(
-        Row(f"{arm.key}-x{m:g}", group, f"{arm.method}, lr x{m:g}", "fmnist_resnet20", arm.compression, 4,
-            (*SETUP, *arm.overrides, _lr(arm, m), "train.test_eval=never"),
+        Row(f"{arm.key}-x{m:g}", group, f"{arm.method}, lr x{m:g}", setup.task, arm.compression, setup.world_size,
+            (*setup.overrides, *arm.overrides, _lr(arm, m), "train.test_eval=never"),
             baseline=arm.key == "none" and m == 1.0)
-        for arm in ARMS
-        for m in grid_of(arm)
+        for m in sorted({m for arm in setup.arms for m in grid_of(arm, setup)}, key=lambda m: (m != 1.0, m))
+        for arm in setup.arms
+        if m in grid_of(arm, setup)
     )  # fmt: skip
 
 
-def grid_of(arm: Arm) -> tuple[float, ...]:
-    """The multipliers an arm runs at on the grid: :data:`GRID`, and its extension where it has one."""
-    extra = EXTENDED.get(arm.key)
-    return tuple(sorted((*GRID, extra))) if extra is not None else GRID
+def grid_of(arm: Arm, setup: Setup = FMNIST) -> tuple[float, ...]:
+    """The multipliers an arm runs at on the grid: the setup's grid, and its extension where it has one."""
+    extra = setup.extended.get(arm.key)
+    return tuple(sorted((*setup.grid, extra))) if extra is not None else setup.grid
 
 
-def frontier_rows() -> tuple[Row, ...]:
+def frontier_rows(setup: Setup = FMNIST, seeds: tuple[int, ...] = (0, 1)) -> tuple[Row, ...]:
     rows = []
-    for arm in ARMS:
-        chosen = CHOSEN[arm.key]
+    for arm in setup.arms:
+        chosen = setup.chosen.get(arm.key)
         label = f"{arm.method}, lr x{chosen:g}" if chosen is not None else f"{arm.method}, lr x1 (not chosen yet)"
-        rows.append(Row(arm.key, GROUP, label, "fmnist_resnet20", arm.compression, 4,
-                        (*SETUP, *arm.overrides, _lr(arm, chosen or 1.0), "train.test_eval=end"),
+        rows.append(Row(arm.key, setup.group, label, setup.task, arm.compression, setup.world_size,
+                        (*setup.overrides, *arm.overrides, _lr(arm, chosen or 1.0), "train.test_eval=end"),
                         baseline=arm.key == "none"))  # fmt: skip
-    return seeded(tuple(rows), (0, 1))
+    return seeded(tuple(rows), seeds)
 
 
-__all__ = ["ARMS", "CHOSEN", "EXTENDED", "GRID", "SETUP", "Arm", "frontier_rows", "grid_of", "grid_rows"]
+__all__ = ["ARMS", "CHOSEN", "EXTENDED", "FMNIST", "GRID", "SETUP", "Arm", "Setup", "frontier_rows", "grid_of",
+           "grid_rows"]  # fmt: skip

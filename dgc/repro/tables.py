@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dgc.repro import frontier
+from dgc.repro import frontier, lm_frontier
 from dgc.repro.rows import Paper, Row, seeded
 
 #: the headline metric of each task kind, and whether higher is better
@@ -295,6 +295,21 @@ def _frontier_tables() -> tuple[Table, ...]:
     )  # fmt: skip
 
 
+def _lm_frontier_tables() -> tuple[Table, ...]:
+    """cpu-lm-frontier-grid and cpu-lm-frontier (:mod:`dgc.repro.lm_frontier`)."""
+    source = ("No paper numbers: DGC (as published, and feeding AdamW) beside DiLoCo, DeMo and SparseLoCo on a GPT, "
+              "the same tokens and steps for every arm, bytes counted alike")  # fmt: skip
+    setup = lm_frontier.KJV_GPT
+    return (
+        Table("cpu-lm-frontier-grid", "The language-model frontier's learning-rate grid: each arm at x0.5, x1, x2 of "
+              "its default, seed 0, validation split only", ("val_loss", "val_bpc"), frontier.grid_rows(setup),
+              source, full_scale=False),
+        Table("cpu-lm-frontier", "DGC against today's low-bandwidth methods on a GPT: kjv_gpt, 4 workers, 2 seeds, "
+              "learning rates chosen on the validation split", ("loss", "bpc", "val_loss"),
+              frontier.frontier_rows(setup), source, full_scale=False, frontier=True),
+    )  # fmt: skip
+
+
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (
@@ -396,6 +411,7 @@ TABLES: dict[str, Table] = {
             full_scale=False, paired_with=("cpu-speech", "-long"),
         ),
         *_frontier_tables(),
+        *_lm_frontier_tables(),
     )
 }  # fmt: skip
 
