@@ -132,7 +132,7 @@ TABLE_DIRS := --runs-root results/runs --out results
 SWEEP := $(PY) -m dgc.repro.sweep --launcher $(LAUNCHER) $(TABLE_DIRS) $(DATA_ROOTS) $(SWEEP_ARGS)
 CPU_SWEEP := $(PY) -m dgc.repro.sweep --launcher local $(TABLE_DIRS) $(SWEEP_ARGS)
 
-.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-speech-long cpu-compact cpu-exchange cpu-frontier-grid cpu-frontier
+.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-speech-long cpu-compact cpu-exchange cpu-frontier-grid cpu-frontier cpu-lm-frontier-grid cpu-lm-frontier
 
 table2-cifar: install ## Table 2 (GPU cluster): ResNet-110 CIFAR-10 on 4/8/16/32 GPUs, baseline / Gradient Dropping / DGC
 	$(SWEEP) $@
@@ -174,6 +174,12 @@ cpu-frontier-grid: install ## the frontier's learning-rate grid: 10 arms (dense,
 	$(CPU_SWEEP) $@
 
 cpu-frontier: install ## DGC against DiLoCo, DeMo and SparseLoCo: the 10 arms at the rates chosen on cpu-frontier-grid, seeds 0-1, test read once (20 runs, 3.9 h measured here, niced beside other work; resumable)
+	$(CPU_SWEEP) $@
+
+cpu-lm-frontier-grid: data ## the language-model frontier's learning-rate grid: 11 arms (dense, bf16, PowerSGD, DGC as published, DGC feeding AdamW, DGC chunk, DiLoCo H 16/64/256-bf16, DeMo, SparseLoCo) x 3 rates on kjv_gpt's validation split, seed 0, 4 workers, 7,773 steps each (33 runs, ~8 h on 2 cores; resumable: tools/background-sweep.sh)
+	$(CPU_SWEEP) $@
+
+cpu-lm-frontier: data ## DGC against DiLoCo, DeMo and SparseLoCo on a GPT: the 11 arms at the rates chosen on cpu-lm-frontier-grid, seeds 0-1, test read once (22 runs, ~5 h on 2 cores; resumable)
 	$(CPU_SWEEP) $@
 
 .PHONY: report

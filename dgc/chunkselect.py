@@ -48,28 +48,43 @@ def encode(values: torch.Tensor, local: torch.Tensor, value_dtype: torch.dtype) 
     return torch.cat([vals, index])
 
 
-def decode_mean_into(out: torch.Tensor, rows: torch.Tensor, chunk: int, k: int, value_dtype: torch.dtype) -> None:
+def decode_mean_into(out: torch.Tensor, rows: torch.Tensor, chunk: int, k: int, value_dtype: torch.dtype,
+                     over: str = "workers") -> None:  # fmt: skip
     """Write into ``out`` (the flat buffer, zeroed here) the mean of every worker's message (``rows[r]``: worker
-    r's, all of one size), worker after worker so that entries at one position sum in worker order."""
+    r's, all of one size), worker after worker so that entries at one position sum in worker order; ``over``: see
+    :func:`add_mean_into`."""
     workers, n = rows.shape[0], out.numel() // chunk * k
     width = value_dtype.itemsize * n
     # flat before the dtype views: one worker's row is a view whose row stride is the message's length, any number
     values = rows[:, :width].contiguous().view(-1).view(value_dtype).view(workers, n).to(out.dtype)
     local = rows[:, width:].contiguous().view(-1).view(torch.uint16).to(torch.int64).view(workers, -1, k)
-    add_mean_into(out, values, local, chunk)
+    add_mean_into(out, values, local, chunk, over)
 
 
-def add_mean_into(out: torch.Tensor, values: torch.Tensor, local: torch.Tensor, chunk: int) -> None:
+#: what :func:`add_mean_into` divides a position's sum by: every worker, or the workers that sent that position
+MEAN_OVER = ("workers", "senders")
+
+
+def add_mean_into(out: torch.Tensor, values: torch.Tensor, local: torch.Tensor, chunk: int,
+                  over: str = "workers") -> None:  # fmt: skip
     """Write into ``out`` (zeroed here) the mean of every worker's ``values`` ``[workers, n]`` at their positions
     within the chunks ``local`` ``[workers, chunks, k]``, worker after worker (entries at one position sum in worker
-    order). ``values`` is divided in place."""
+    order). ``over="workers"``: each value divided by the number of workers (in place: a worker that did not send a
+    position counts as a zero there); ``"senders"``: each position's sum divided by the number of workers that sent
+    it (DeMo's code: ``scatter_reduce(..., "mean", include_self=False)``)."""
     workers = values.shape[0]
     positions = (local + torch.arange(0, out.numel(), chunk, device=out.device).view(1, -1, 1)).view(workers, -1)
-    if workers > 1:
+    if workers > 1 and over == "workers":
         values.div_(workers)
     out.zero_()
     for r in range(workers):
         out.index_add_(0, positions[r], values[r])
+    if workers > 1 and over == "senders":
+        senders = torch.zeros_like(out)
+        ones = torch.ones(positions.shape[1], dtype=out.dtype, device=out.device)
+        for r in range(workers):
+            senders.index_add_(0, positions[r], ones)
+        out.div_(senders.clamp_(min=1))
 
 
-__all__ = ["MAX_CHUNK", "add_mean_into", "decode_mean_into", "encode", "per_chunk", "select"]
+__all__ = ["MAX_CHUNK", "MEAN_OVER", "add_mean_into", "decode_mean_into", "encode", "per_chunk", "select"]

@@ -38,16 +38,18 @@ def dct2(x: list[list[float]], inverse: bool = False) -> list[list[float]]:
             for k in range(n)]  # fmt: skip
 
 
-def reference(world: int, steps: int) -> list[torch.Tensor]:
+def reference(world: int, steps: int, mean: str = "senders") -> list[torch.Tensor]:
     """DeMo's step on every rank: m = decay m + g; per tile the top-k |DCT(m)| sent and their inverse taken out of m;
-    the sign of the inverse DCT of the mean of the sent coefficients. The padding of the last tile keeps nothing."""
+    the sign of the inverse DCT of the mean of the sent coefficients: each coefficient's sum over the workers that
+    sent it (``mean="senders"``, the authors' code) or over all workers (``"workers"``). The padding of the last tile
+    keeps nothing."""
     numel = sum(math.prod(s) for s in SHAPES)
     chunk = TILE * TILE
     size = numel + (-numel % chunk)
     momenta = [[0.0] * size for _ in range(world)]
     out = []
     for step in range(steps):
-        total = [0.0] * size
+        total, senders = [0.0] * size, [0] * size
         for r in range(world):
             g = torch.cat([x.reshape(-1) for x in grads(r, step)]).tolist() + [0.0] * (size - numel)
             m = momenta[r]
@@ -62,19 +64,21 @@ def reference(world: int, steps: int) -> list[torch.Tensor]:
                 for i in range(TILE):
                     for j in range(TILE):
                         m[t * chunk + i * TILE + j] -= back[i][j]
-                for i in range(chunk):
-                    total[t * chunk + i] += sparse[i] / world
+                for i in keep:
+                    total[t * chunk + i] += sparse[i]
+                    senders[t * chunk + i] += 1
             m[numel:] = [0.0] * (size - numel)  # the padding keeps no momentum
-        mean = []
+        total = [v / (max(n, 1) if mean == "senders" else world) for v, n in zip(total, senders)]
+        decoded = []
         for t in range(size // chunk):
             square = [total[t * chunk + i * TILE : t * chunk + (i + 1) * TILE] for i in range(TILE)]
-            mean += [v for row in dct2(square, inverse=True) for v in row]
-        out.append(torch.tensor(mean[:numel], dtype=torch.float32).sign())
+            decoded += [v for row in dct2(square, inverse=True) for v in row]
+        out.append(torch.tensor(decoded[:numel], dtype=torch.float32).sign())
     return out
 
 
-def _exchange(rank: int, world: int, steps: int) -> list[torch.Tensor]:
-    comp = dgc.build_compressor("demo", tile=TILE, topk=TOPK, decay=DECAY)
+def _exchange(rank: int, world: int, steps: int, mean: str) -> list[torch.Tensor]:
+    comp = dgc.build_compressor("demo", tile=TILE, topk=TOPK, decay=DECAY, mean=mean)
     comm = Comm()
     comp.bind(comm)
     out = []
@@ -87,11 +91,18 @@ def _exchange(rank: int, world: int, steps: int) -> list[torch.Tensor]:
     return out
 
 
-def test_demo_equals_the_papers_update_on_two_ranks():
-    want = reference(2, 3)
-    for got in run(_exchange, 2, 3):
+@pytest.mark.parametrize("mean", ["senders", "workers"])
+def test_demo_equals_the_papers_update_on_three_ranks(mean):
+    want = reference(3, 3, mean)
+    for got in run(_exchange, 3, 3, mean):
         for step, (g, w) in enumerate(zip(got, want)):
             assert torch.equal(g, w), step
+
+
+def test_dividing_by_the_senders_is_the_authors_default_and_changes_the_step():
+    assert dgc.build_compressor("demo").config.mean == "senders"
+    # with a sign, the two means differ where a coefficient sent by few workers outweighs one sent by all
+    assert any(not torch.equal(a, b) for a, b in zip(reference(3, 3, "senders"), reference(3, 3, "workers")))
 
 
 def test_the_dct_is_orthonormal_and_the_momentum_keeps_what_was_not_sent():
@@ -114,3 +125,5 @@ def test_bad_demo_options_name_the_valid_ones():
         dgc.build_compressor("demo", tile=4, topk=17)
     with pytest.raises(ValueError, match="values must be one of fp32, fp16, bf16"):
         dgc.build_compressor("demo", values="int8")
+    with pytest.raises(ValueError, match="mean must be one of workers, senders, got 'all'"):
+        dgc.build_compressor("demo", mean="all")

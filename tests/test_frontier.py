@@ -70,3 +70,23 @@ def test_the_language_model_frontier_gives_diloco_at_dgcs_bytes_thirty_outer_ste
     final = _configs("cpu-lm-frontier")
     assert len(final) == 2 * len(lm_frontier.ARMS)
     assert all(run.train.test_eval == "end" and run.seed == int(key[-1]) for key, run in final.items())
+
+
+def test_sparseloco_compresses_every_tensor_and_demo_divides_by_the_senders():
+    """Two decisions against the methods' own papers and code (issue 53, item 4): SparseLoCo compresses the whole
+    pseudo-gradient, biases and normalisation weights included (the paper's); DeMo divides a coefficient's sum by the
+    workers that sent it (the authors' code). The image frontier, run before, keeps what it ran with."""
+    import torch
+
+    import dgc
+
+    with initialize_config_module("dgc.conf", version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("config", overrides=["task=fmnist_resnet20", "compression=sparseloco"]))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    sync = cfg.sync.build(model, dgc.build_compressor(cfg.compression))
+    assert all(sync.is_compressed(p) for p in model.parameters())
+    assert dgc.build_compressor("demo").config.mean == "senders"
+    image = _configs("cpu-frontier")
+    assert image["sparseloco-s0"].sync.policy.min_ndim == 2 and image["demo-s0"].compression.mean == "workers"
+    lm = _configs("cpu-lm-frontier")
+    assert lm["sparseloco-s0"].sync.policy.min_ndim == 0 and lm["demo-s0"].compression.mean == "senders"

@@ -9,7 +9,8 @@ Per step, on a flat bucket of every tensor (padded with zeros to whole tiles):
    a fixed-size message, 16-bit positions in the tile);
 3. what they stand for leaves the momentum: ``m -= IDCT(sent)`` (the momentum is its own error feedback);
 4. one allgather; each worker averages every worker's coefficients, transforms back and writes ``sign(mean)`` into
-   the gradient (``sign=false``: the mean itself).
+   the gradient (``sign=false``: the mean itself). As in the authors' code, a coefficient's sum is divided by the
+   number of workers that sent it (``mean=senders``); ``mean=workers`` divides by all of them instead.
 
 The optimizer then applies ``p -= lr * (sign + weight_decay * p)``: with a sign, SGD's weight decay is the decoupled
 one DeMo uses. So the optimizer runs without momentum (the momentum is here) and at a sign method's learning rate:
@@ -51,6 +52,10 @@ class DeMoConfig(CompressorConfig):
     values: str = "fp32"
     #: apply the sign of the decoded mean (the paper's); false: the mean itself
     sign: bool = True
+    #: what a coefficient's sum is divided by: "senders", the workers that sent it (the authors' code: a coefficient
+    #: one worker sent keeps its value); "workers", all of them (a true mean: a worker that kept a coefficient counts
+    #: as a zero)
+    mean: str = "senders"
 
     def __post_init__(self) -> None:
         check_int(self.tile, "tile", 2)
@@ -62,6 +67,8 @@ class DeMoConfig(CompressorConfig):
         check_number(self.decay, "decay", 0.0, 1.0, low_open=False)
         if self.values not in DTYPES:
             raise ValueError(f"values must be one of {', '.join(DTYPES)}, got {self.values!r}")
+        if self.mean not in chunkselect.MEAN_OVER:
+            raise ValueError(f"mean must be one of {', '.join(chunkselect.MEAN_OVER)}, got {self.mean!r}")
 
 
 def dct_matrix(n: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.Tensor:
@@ -129,7 +136,7 @@ class DeMo(Compressor):
             message = chunkselect.encode(values, local, dtype)
         rows = yield Allgather(message)
         with phases("decompress"):
-            chunkselect.decode_mean_into(bucket.grad, rows, chunk, cfg.topk, dtype)
+            chunkselect.decode_mean_into(bucket.grad, rows, chunk, cfg.topk, dtype, cfg.mean)
             mean = self._inverse(bucket.grad)
             bucket.grad.copy_(mean.sign() if cfg.sign else mean)
             bucket.grad[bucket.layout.total :].zero_()  # the padding stays zero (a gather never writes it)
