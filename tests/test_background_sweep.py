@@ -117,5 +117,7 @@ def test_a_fresh_machine_resumes_an_unfinished_run_at_the_commit_it_started_with
     (half / "env.json").write_text('{"git_revision": "' + "0" * 40 + '"}\n')
     assert pin() == head  # a revision this repository does not have: HEAD
     (repo / "runs" / "bg").mkdir(parents=True)
+    (repo / "runs" / "bg" / "commit").write_text("")
+    assert pin() == head  # an empty record (what start once left: it created the file before pin read it) is none
     (repo / "runs" / "bg" / "commit").write_text(f"{first}\n")
     assert pin() == first  # a queue under way here keeps its own

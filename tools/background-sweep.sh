@@ -35,7 +35,7 @@ running() { [[ -f $BG/pid ]] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; }
 # one), the commit an unfinished kept run started with (its env.json's git_revision), so that it resumes with the
 # code it began with; otherwise HEAD.
 pin() {
-    if [[ -f $BG/commit ]]; then cat "$BG/commit"; return; fi
+    if [[ -s $BG/commit ]]; then cat "$BG/commit"; return; fi
     local dir rev
     for dir in results/runs/*/*/; do
         [[ -f $dir/checkpoint.pt && ! -f $dir/summary.json && -f $dir/env.json ]] || continue
@@ -48,7 +48,8 @@ pin() {
 start() {
     if running; then echo "background sweep already running (pid $(cat "$BG/pid")); see: $0 status"; exit 1; fi
     mkdir -p "$BG"
-    [[ -f $BG/commit ]] || pin > "$BG/commit"
+    # (pin reads runs/bg/commit first: the file must not exist, empty, while it runs)
+    if [[ ! -s $BG/commit ]]; then local chosen; rm -f "$BG/commit"; chosen=$(pin); echo "$chosen" > "$BG/commit"; fi
     local commit; commit=$(cat "$BG/commit")
     if [[ ! -d $TREE ]]; then
         git worktree prune
