@@ -123,16 +123,17 @@ IMAGENET_ROOT ?= $(DATA)/imagenet
 PTB_ROOT ?= $(DATA)/ptb
 LIBRISPEECH_ROOT ?= $(DATA)/LibriSpeech
 AN4_ROOT ?= $(DATA)/an4
+OWT_ROOT ?= $(DATA)/openwebtext
 LAUNCHER ?= slurm
 # more python -m dgc.repro.sweep options, e.g. SWEEP_ARGS='--sbatch=--partition=gpu --gpus-per-node=8 --skip-done'
 SWEEP_ARGS ?=
 DATA_ROOTS := --data-root cifar10=$(CIFAR_ROOT) --data-root imagenet=$(IMAGENET_ROOT) --data-root ptb=$(PTB_ROOT) \
-	--data-root librispeech=$(LIBRISPEECH_ROOT) --data-root an4=$(AN4_ROOT)
+	--data-root librispeech=$(LIBRISPEECH_ROOT) --data-root an4=$(AN4_ROOT) --data-root gpt2=$(OWT_ROOT)
 TABLE_DIRS := --runs-root results/runs --out results
 SWEEP := $(PY) -m dgc.repro.sweep --launcher $(LAUNCHER) $(TABLE_DIRS) $(DATA_ROOTS) $(SWEEP_ARGS)
 CPU_SWEEP := $(PY) -m dgc.repro.sweep --launcher local $(TABLE_DIRS) $(SWEEP_ARGS)
 
-.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-speech-long cpu-compact cpu-exchange cpu-frontier-grid cpu-frontier cpu-lm-frontier-grid cpu-lm-frontier
+.PHONY: table2-cifar table3-imagenet table4-ptb table4-librispeech lm-gpt2 figure-ablation cpu-fmnist cpu-ablation cpu-kjv cpu-speech cpu-speech-long cpu-compact cpu-exchange cpu-frontier-grid cpu-frontier cpu-lm-frontier-grid cpu-lm-frontier
 
 table2-cifar: install ## Table 2 (GPU cluster): ResNet-110 CIFAR-10 on 4/8/16/32 GPUs, baseline / Gradient Dropping / DGC
 	$(SWEEP) $@
@@ -144,6 +145,9 @@ table4-ptb: install ## Table 4 (GPU cluster): PTB 2 x 1500 LSTM perplexity, base
 	$(SWEEP) $@
 
 table4-librispeech: install ## Table 4 (GPU cluster): LibriSpeech DeepSpeech 7 x 1200 GRU WER, baseline / DGC
+	$(SWEEP) $@
+
+lm-gpt2: install ## GPT-2 124M on OpenWebText (GPU cluster, 8 GPUs, bf16): dense AdamW, bf16, DGC feeding AdamW, DiLoCo H 64, DeMo, SparseLoCo; OWT_ROOT=<nanoGPT's data/openwebtext>
 	$(SWEEP) $@
 
 figure-ablation: install ## ablation (GPU cluster): ResNet-110 CIFAR-10 and AN4 with each DGC technique off in turn

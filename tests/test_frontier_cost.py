@@ -61,7 +61,7 @@ def test_the_agreement_bytes_are_the_guards_flags():
 
 def test_the_projection_takes_the_number_of_workers(tmp_path, capsys):
     wire = tmp_path / "wire.json"
-    names = ("none", "bf16", "powersgd", "dgc_fp16", "dgc_chunk_fp16", "diloco", "demo", "sparseloco")
+    names = ("none", "bf16", "powersgd", "dgc_fp16", "dgc_chunk_fp16", "diloco", "demo_flat", "sparseloco_dense_rest")
     wire.write_text(json.dumps({"numel": W.numel, "density": None,
                                 "compressors": {n: {"sent_bytes": 1000.0} for n in names}}))  # fmt: skip
     fc.main(["--wire", str(wire), "--workers", "16"])
@@ -204,7 +204,7 @@ def test_the_report_prices_from_the_wire_bench_beside_the_runs_and_marks_the_res
 
 def test_the_projection_from_the_wire_bench_alone(tmp_path, capsys):
     wire = tmp_path / "wire.json"
-    names = ("none", "bf16", "powersgd", "dgc_fp16", "dgc_chunk_fp16", "diloco", "demo", "sparseloco")
+    names = ("none", "bf16", "powersgd", "dgc_fp16", "dgc_chunk_fp16", "diloco", "demo_flat", "sparseloco_dense_rest")
     rows = {n: {"sent_bytes": 1000.0 * (i + 1)} for i, n in enumerate(names)}
     wire.write_text(json.dumps({"numel": W.numel, "density": None, "compressors": rows}))
     fc.main(["--wire", str(wire)])

@@ -268,3 +268,15 @@ def test_kjv_gpt_two_ranks_dgc_feeding_adamw(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["wire_ratio"] > 50
     assert math.isfinite(summary["metrics"]["val_bpc"])
+
+
+def test_lm_gpt2_table_runs_nanogpts_recipe_on_8_workers_for_every_arm():
+    from dgc.repro.tables import get_table
+
+    table = get_table("lm-gpt2")
+    assert table.full_scale and {r.world_size for r in table.rows} == {8}
+    runs = {r.key: config(*r.train_overrides()) for r in table.rows}
+    assert all(run.task.name == "gpt2_124m" and run.train.bf16 for run in runs.values())
+    assert runs["dgc-adamw"].optim.name == "adamw" and not runs["dgc-adamw"].compression.momentum_correction
+    assert runs["diloco-h64"].optim.name == "adamw" and runs["diloco-h64"].local_steps.every == 64
+    assert runs["demo"].optim.name == "sgd" and runs["demo"].optim.momentum == 0

@@ -34,8 +34,11 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dgc_packed": ("dgc", ("compression.wire_values=fp16", "sync.pack=dense")),
     "dgc_chunk_packed": ("dgc_chunk", ("compression.wire_values=fp16", "sync.pack=dense")),
     "dgc_chunk_packed_all": ("dgc_chunk", ("compression.wire_values=fp16", "sync.pack=all")),
-    # and DeMo so (it has no dense rest: its agreement alone rides in its allgather)
-    "demo_packed_all": ("demo", ("sync.pack=all",)),
+    # and DeMo so, as cpu-frontier ran it (flat tiles; it has no dense rest: its agreement alone rides in its allgather)
+    "demo_packed_all": ("demo", ("sync.pack=all", "compression.mean=workers", "compression.tiles=flat")),
+    # DeMo and SparseLoCo as cpu-frontier ran them (dgc.repro.frontier): flat tiles; biases and BatchNorm dense
+    "demo_flat": ("demo", ("compression.mean=workers", "compression.tiles=flat")),
+    "sparseloco_dense_rest": ("sparseloco", ("sync.policy.min_ndim=2",)),
     # the scale-out exchanges (dgc.exchanges); hierarchical takes the ranks per machine from the launcher
     "dgc_hierarchical": ("dgc", ("sync.exchange=hierarchical",)),
     "dgc_sparse_allreduce": ("dgc", ("sync.exchange=sparse_allreduce",)),

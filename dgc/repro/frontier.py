@@ -49,6 +49,11 @@ class Arm:
     overrides: tuple[str, ...] = ()
 
 
+#: DeMo and SparseLoCo as this table ran them, before their presets followed the authors' code and paper (issue 53):
+#: DeMo's tiles cut from the flat bucket and its mean over all workers; SparseLoCo's biases and BatchNorm sent dense
+DEMO_AS_RUN = ("compression.mean=workers", "compression.tiles=flat")
+SPARSELOCO_AS_RUN = ("sync.policy.min_ndim=2",)
+
 #: the task's learning rate per worker (scaled by the 4 workers)
 _TASK_LR = 0.025
 
@@ -62,10 +67,11 @@ ARMS: tuple[Arm, ...] = (
     Arm("diloco-h64", "DiLoCo, H = 64", "diloco", "local_steps.outer_lr", 0.7, ("local_steps.every=64",)),
     Arm("diloco-h256", "DiLoCo, H = 256 (DGC's bytes)", "diloco", "local_steps.outer_lr", 0.7,
         ("local_steps.every=256",)),
-    # the mean over all workers, as when this table ran (the preset now divides by the senders, as DeMo's code does)
-    Arm("demo", "DeMo", "demo", "optim.lr", 0.001, ("compression.mean=workers",)),
+    # flat tiles and the mean over all workers, as when this table ran (the preset now cuts tiles from each tensor and
+    # divides by the senders, as DeMo's code does)
+    Arm("demo", "DeMo", "demo", "optim.lr", 0.001, DEMO_AS_RUN),
     # biases and BatchNorm dense, as when this table ran (the preset now compresses every tensor, as the paper does)
-    Arm("sparseloco", "SparseLoCo, H = 16", "sparseloco", "local_steps.outer_lr", 1.0, ("sync.policy.min_ndim=2",)),
+    Arm("sparseloco", "SparseLoCo, H = 16", "sparseloco", "local_steps.outer_lr", 1.0, SPARSELOCO_AS_RUN),
 )  # fmt: skip
 
 #: the multiplier of each arm's learning rate chosen on cpu-frontier-grid's validation top-1 (results/

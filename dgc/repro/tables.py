@@ -278,6 +278,18 @@ def _cpu_speech_long_rows() -> tuple[Row, ...]:
     return seeded(rows, SEEDS)
 
 
+_GPT2 = "GPT-2 124M, OpenWebText, 8 GPUs"
+#: the full-scale language model: the arms a user of DiLoCo or DeMo weighs DGC against, nanoGPT's recipe, 8 workers
+_LM_GPT2_ROWS = (
+    Row("none", _GPT2, "dense AdamW (nanoGPT)", "gpt2_124m", "none", 8, baseline=True),
+    Row("bf16", _GPT2, "dense bf16 allreduce, AdamW", "gpt2_124m", "bf16", 8),
+    Row("dgc-adamw", _GPT2, "DGC (b) sparse + error feedback, AdamW", "gpt2_124m", "dgc", 8,
+        ("compression.momentum_correction=false", "compression.momentum_masking=false")),
+    Row("diloco-h64", _GPT2, "DiLoCo, H = 64", "gpt2_124m", "diloco", 8, ("local_steps.every=64",)),
+    Row("demo", _GPT2, "DeMo", "gpt2_124m", "demo", 8),
+    Row("sparseloco", _GPT2, "SparseLoCo, H = 16", "gpt2_124m", "sparseloco", 8),
+)  # fmt: skip
+
 _ANALOG = "another data set and model than the paper's: compare the Δ and the ratios, not absolute values"
 
 
@@ -352,6 +364,14 @@ TABLES: dict[str, Table] = {
                     paper=Paper({"wer": 9.06, "test_other_wer": 27.04}, **_mb(488.08, 0.74, 608))),
             ),
             "paper Table 4 (4 nodes; wer: test-clean)", data="LibriSpeech (openslr.org/12)",
+        ),
+        Table(
+            "lm-gpt2",
+            "GPT-2 124M on OpenWebText, 8 GPUs: DGC beside AdamW, DiLoCo, DeMo and SparseLoCo at equal tokens",
+            ("loss", "val_loss"), _LM_GPT2_ROWS,
+            "no paper numbers: nanoGPT's recipe for every arm (one epoch of the token file), the rates untuned "
+            "(the CPU frontier chose them on kjv_gpt: cpu-lm-frontier-grid); modded-nanogpt's target is val loss 3.28",
+            data="nanoGPT's train.bin / val.bin of OpenWebText or FineWeb (GPT-2 BPE ids)",
         ),
         Table(
             "figure-ablation", "Ablation: the four techniques, one switched off at a time", ("top1", "wer"),
