@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from dgc.costmodel import hardware
 from dgc.repro import frontier_cost as fc
 from tests.test_report import PNG, fake_table, run_report
 
+ROOT = Path(__file__).resolve().parents[1]
 W = hardware.RESNET50
 DENSE = 4 * W.numel
 
@@ -232,3 +234,22 @@ def test_the_projection_from_the_wire_bench_alone(tmp_path, capsys):
             fc.main(argv)
         err = capsys.readouterr().err
         assert exit_.value.code == 1 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_loss_frontier_keeps_the_lower_points():
+    points = [(10.0, 1.3), (10.0, 1.2), (100.0, 1.25), (1000.0, 1.1)]
+    assert fc.frontier(points, higher=False) == [1, 3]
+    assert fc.frontier(points) == [0]  # higher is better: the fewest bytes and the highest value
+
+
+def test_the_language_model_frontier_prices_gpt2_on_8_workers_with_nothing_dense():
+    gpt2 = hardware.GPT2_124M
+    arm = fc.arm_cost("DGC (b)", "dgc", 0, wire_ratio=500.0, steps=7773, w=gpt2)
+    assert arm.collectives == ("lengths", "allgather") and arm.rest_bytes == 0
+    assert arm.nbytes == pytest.approx(4 * gpt2.numel / 500)
+    diloco = fc.arm_cost("DiLoCo", "diloco_bf16", 256, wire_ratio=512.0, steps=7773, w=gpt2)
+    assert diloco.every == 256 and diloco.nbytes == pytest.approx(4 * gpt2.numel * (7773 / 31) / 512)
+    proj = fc.projection([arm, diloco], 8, gpt2)
+    assert proj["workload"] == "gpt2_124m" and proj["workers"] == 8
+    assert proj["compute_s"] == pytest.approx(0.133, rel=1e-3)
+    assert fc.wire_bench(ROOT / "results" / "bench" / "wire.json", gpt2) == {}  # ResNet-50's bench prices no GPT-2

@@ -32,7 +32,7 @@ def fake_run(
     local_steps: int = 0,
 ) -> Path:
     run_dir.mkdir(parents=True)
-    headline = {"image": "top1", "language": "ppl", "speech": "wer"}[kind]
+    headline = {"image": "top1", "language": "ppl", "speech": "wer", "causal_lm": "loss"}[kind]
     dense_run = compression == "none"
     summary = {
         "task": task,
@@ -59,7 +59,7 @@ def fake_run(
 
 def fake_table(root: Path, name: str, skip: tuple[str, ...] = ()) -> None:
     table = get_table(name)
-    kind = {"top1": "image", "ppl": "language", "wer": "speech"}
+    kind = {"top1": "image", "ppl": "language", "wer": "speech", "loss": "causal_lm", "val_loss": "causal_lm"}
     for i, row in enumerate(table.rows):
         if row.key in skip:
             continue
@@ -417,6 +417,34 @@ def test_a_frontier_table_sets_dgc_against_the_diloco_arm_nearest_its_bytes(tmp_
     # deltas +15.0, +13.5: mean +14.25, sd 1.061, se 0.75, t(0.975, 1) = 12.706 -> half-width 9.53
     assert "seed 0: +15.00, seed 1: +13.50; mean +14.25; standard error 0.75, 95% interval [+4.72, +23.78]." in line
     assert report.matched_bytes(table, []) == []
+
+
+def test_the_language_model_frontier_sets_each_dgc_against_diloco_at_its_bytes(tmp_path, capsys):
+    """cpu-lm-frontier: DGC as published (momentum SGD) and DGC feeding AdamW each against the DiLoCo arm nearest its
+    bytes (the bf16 one at H = 256); test loss, lower is better, Δ per seed by hand."""
+    table = get_table("cpu-lm-frontier")
+    loss = {"none": (1.10, 1.12), "dgc-sgd": (1.30, 1.28), "dgc-adamw": (1.15, 1.16), "diloco-h16": (1.12, 1.13),
+            "diloco-h256": (1.25, 1.24)}  # fmt: skip
+    sent = {"none": None, "dgc-sgd": 5500.0, "dgc-adamw": 5600.0, "diloco-h16": 202400.0, "diloco-h256": 6300.0}
+    for row in table.rows:
+        arm = row.key.rsplit("-s", 1)[0]
+        if arm in loss:
+            value = loss[arm][row.seed]
+            every = int(arm.split("-h")[1]) if arm.startswith("diloco") else 0
+            fake_run(tmp_path / "runs" / "cpu-lm-frontier" / row.key, row.task, row.compression,
+                     {"loss": value, "bpc": value / 0.693, "val_loss": value}, kind="causal_lm", sent=sent[arm],
+                     dense=3238400.0, steps=7773, local_steps=every)  # fmt: skip
+    code, _, err = run_report(["--table", "cpu-lm-frontier", "--partial", "--runs-root", str(tmp_path / "runs"),
+                               "--out", str(tmp_path)], capsys)  # fmt: skip
+    assert code == 0, err
+    md = (tmp_path / "cpu-lm-frontier.md").read_text()
+    lines = [x for x in md.splitlines() if x.startswith("At matched bytes")]
+    assert len(lines) == 2 and all("DiLoCo, H = 256, bf16 (DGC's bytes)" in x for x in lines)
+    assert lines[0].startswith("At matched bytes: DGC (a) as published, momentum SGD")
+    assert "its 7773 steps at H = 256 are 30 outer steps" in lines[0]
+    assert "Difference in test loss (nats/token), DGC minus DiLoCo: seed 0: +0.05, seed 1: +0.04" in lines[0]
+    assert lines[1].startswith("At matched bytes: DGC (b) sparse + error feedback, AdamW")
+    assert "seed 0: -0.10, seed 1: -0.08" in lines[1]
 
 
 def test_a_longer_run_of_the_same_rows_is_set_beside_the_standard_ones_seed_by_seed(tmp_path, capsys):

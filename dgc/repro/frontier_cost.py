@@ -154,6 +154,8 @@ def arm_cost(method: str, compression: str, local_steps: int, wire_ratio: float,
     every = max(int(local_steps or 0), 1)
     per_exchange = steps / math.ceil(steps / every) if steps else every
     bench, nbytes = measured if measured else ("", 4 * w.numel * per_exchange / wire_ratio)
+    if not w.dense_rest:  # a workload whose every tensor is compressed (GPT-2 with min_ndim=1): no allreduce of a rest
+        collectives = tuple(c for c in collectives if c != "rest")
     rest = min(4.0 * w.dense_rest, nbytes) if "rest" in collectives else 0.0
     kind = "ddp" if compression in ("none", "bf16") and every == 1 else "serial"
     return ArmCost(method, compression, every, wire_ratio, nbytes, collectives, rest, kind, bench, sync.pack == "all")
@@ -216,12 +218,14 @@ def projection(arms: list[ArmCost], workers: int = WORKERS, w: Workload = hardwa
     }  # fmt: skip
 
 
-def frontier(points: list[tuple[float, float]]) -> list[int]:
-    """The indices of the points (bytes, accuracy) no other point beats on both: as few or fewer bytes and as high
-    or higher accuracy, better on one. Sorted by bytes."""
+def frontier(points: list[tuple[float, float]], higher: bool = True) -> list[int]:
+    """The indices of the points (bytes, metric) no other point beats on both: as few or fewer bytes and as good or
+    better a metric (higher, or lower where ``higher`` is false: a loss), better on one. Sorted by bytes."""
+    sign = 1.0 if higher else -1.0
+    pts = [(b, sign * a) for b, a in points]
     keep = [
-        i for i, (b, a) in enumerate(points)
-        if not any(b2 <= b and a2 >= a and (b2 < b or a2 > a) for j, (b2, a2) in enumerate(points) if j != i)
+        i for i, (b, a) in enumerate(pts)
+        if not any(b2 <= b and a2 >= a and (b2 < b or a2 > a) for j, (b2, a2) in enumerate(pts) if j != i)
     ]  # fmt: skip
     return sorted(keep, key=lambda i: points[i][0])
 
@@ -229,7 +233,8 @@ def frontier(points: list[tuple[float, float]]) -> list[int]:
 # -- the outputs of a frontier table ------------------------------------------------------------------------------
 def arms_of(methods: list[dict[str, Any]], local_steps: dict[str, int],
             measured: dict[str, tuple[str, float]] | None = None,
-            overrides: dict[str, tuple[str, ...]] | None = None) -> list[tuple[dict[str, Any], ArmCost]]:  # fmt: skip
+            overrides: dict[str, tuple[str, ...]] | None = None,
+            w: Workload = hardware.RESNET50) -> list[tuple[dict[str, Any], ArmCost]]:  # fmt: skip
     """The report's per-method records that ran, each with its price (``local_steps``: H per method label;
     ``measured``: the wire bench's configuration and bytes per exchange on ResNet-50 per method label, if any;
     ``overrides``: each method's train overrides)."""
@@ -238,7 +243,7 @@ def arms_of(methods: list[dict[str, Any]], local_steps: dict[str, int],
         if rec["steps"] is None or rec["wire_ratio"] is None:
             continue
         out.append((rec, arm_cost(rec["method"], rec["compression"], local_steps.get(rec["method"], 0),
-                                  rec["wire_ratio"], rec["steps"],
+                                  rec["wire_ratio"], rec["steps"], w=w,
                                   measured=(measured or {}).get(rec["method"]),
                                   overrides=(overrides or {}).get(rec["method"], ()))))  # fmt: skip
     return out
@@ -248,16 +253,23 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.0f}" if seconds >= 0.1 else f"{seconds * 1e3:.1f}"
 
 
-#: how far below dense fp32's accuracy an arm may be and still count as keeping it (points of the headline metric)
+#: how far from dense fp32's headline metric an arm may be and still count as keeping it: points of accuracy, or
+#: nats per token of a loss (lower is better)
 KEEPS = 1.0
+KEEPS_LOSS = 0.02
+#: how the projection names its workload
+WORKLOAD_LABELS = {hardware.RESNET50.name: "ResNet-50", hardware.GPT2_124M.name: "GPT-2 124M"}
 
 
 def fastest(headline: str, priced: list[tuple[dict[str, Any], ArmCost]], proj: dict[str, Any],
-            links: list[str]) -> list[str]:  # fmt: skip
-    """Per link: the fastest arm, and the fastest that keeps dense fp32's accuracy within :data:`KEEPS`."""
+            links: list[str], higher: bool = True) -> list[str]:  # fmt: skip
+    """Per link: the fastest arm, and the fastest that keeps dense fp32's metric within :data:`KEEPS` (a loss:
+    :data:`KEEPS_LOSS`)."""
+    keeps = KEEPS if higher else KEEPS_LOSS
     dense = next((rec[headline] for rec, arm in priced if arm.compression == "none" and arm.every == 1), None)
     keeping = [i for i, (rec, _) in enumerate(priced)
-               if dense is not None and rec[headline] is not None and rec[headline] >= dense - KEEPS]  # fmt: skip
+               if dense is not None and rec[headline] is not None
+               and (rec[headline] >= dense - keeps if higher else rec[headline] <= dense + keeps)]  # fmt: skip
     out = []
     for c, link in enumerate(links):
         step = [row["step_s"][c] for row in proj["arms"]]
@@ -265,17 +277,19 @@ def fastest(headline: str, priced: list[tuple[dict[str, Any], ArmCost]], proj: d
         line = f"- {link}: fastest {priced[best][1].method} ({_ms(step[best])} ms)"
         if keeping:
             kept = min(keeping, key=step.__getitem__)
-            line += (f"; fastest within {KEEPS:g} point of dense fp32's {headline}: {priced[kept][1].method} "
+            unit = "point" if higher else "nats"
+            line += (f"; fastest within {keeps:g} {unit} of dense fp32's {headline}: {priced[kept][1].method} "
                      f"({_ms(step[kept])} ms)")  # fmt: skip
         out.append(line)
     return out
 
 
 def to_markdown(title: str, headline: str, priced: list[tuple[dict[str, Any], ArmCost]], proj: dict[str, Any],
-                command: str) -> str:  # fmt: skip
+                command: str, higher: bool = True) -> str:  # fmt: skip
     links = [f"{x['gbps']:g} Gb/s, {x['latency_ms']:g} ms" for x in proj["links"]]
-    head = ["method", headline, "H", "bytes/exchange (ResNet-50)", *links]
-    lines = [f"# {title}: projected step time (ms), ResNet-50 on H100s, {proj['workers']} workers", "",
+    model = WORKLOAD_LABELS.get(proj["workload"], proj["workload"])
+    head = ["method", headline, "H", f"bytes/exchange ({model})", *links]
+    lines = [f"# {title}: projected step time (ms), {model} on H100s, {proj['workers']} workers", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
     for (rec, arm), row in zip(priced, proj["arms"], strict=True):
         acc = rec[headline]
@@ -283,13 +297,14 @@ def to_markdown(title: str, headline: str, priced: list[tuple[dict[str, Any], Ar
                  f"{arm.nbytes / 2**20:,.2f} MB" + ("" if arm.bench else " *"),
                  *(_ms(s) for s in row["step_s"])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", *fastest(headline, priced, proj, links), ""]
+    lines += ["", *fastest(headline, priced, proj, links, higher), ""]
     lines += [
         f"Compute: {proj['compute_s'] * 1e3:.1f} ms per step ({proj['compute_source']}). Each arm's bytes: its "
-        "message on ResNet-50's gradient, by `python -m dgc.bench wire --model resnet50` (results/bench/wire.json, "
+        f"message on {model}'s gradient, by the wire bench of {model} (results/bench/wire.json: "
+        "`python -m dgc.bench wire --model resnet50`; "
         "the configuration with the arm's compression settings, at their final density); * where the bench has no "
-        "such configuration: ResNet-50's fp32 gradient over the arm's wire ratio measured on this table's runs "
-        "(ResNet-20, warm-up included). Dense fp32 and bf16 as DDP overlaps them "
+        f"such configuration (or measured another model): {model}'s fp32 gradient over the arm's wire ratio "
+        "measured on this table's runs (warm-up included). Dense fp32 and bf16 as DDP overlaps them "
         "with the backward pass, every other arm after the backward pass, as the trainer runs it, each exchange after "
         f"the workers' agreement (one allreduce of {AGREEMENT_BYTES} bytes); an exchange of H local steps spread over "
         "its H steps. The model and what it leaves out: `dgc/repro/frontier_cost.py`.",
@@ -299,8 +314,9 @@ def to_markdown(title: str, headline: str, priced: list[tuple[dict[str, Any], Ar
 
 
 def plot(title: str, headline: str, label: str, priced: list[tuple[dict[str, Any], ArmCost]],
-         proj: dict[str, Any]) -> bytes:  # fmt: skip
-    """Accuracy against bytes per worker per step, the frontier drawn; beside it each arm's projected step."""
+         proj: dict[str, Any], higher: bool = True) -> bytes:  # fmt: skip
+    """The headline metric against bytes per worker per step, the frontier drawn; beside it each arm's projected
+    step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -313,13 +329,14 @@ def plot(title: str, headline: str, label: str, priced: list[tuple[dict[str, Any
     for i, ((rec, arm), (x, y)) in enumerate(zip(priced, points, strict=True)):
         ax.errorbar([x], [y], yerr=rec.get(f"{headline}_sd") or 0.0, fmt="o", color=f"C{i % 10}", capsize=3,
                     label=arm.method)  # fmt: skip
-    edge = frontier(points)
+    edge = frontier(points, higher)
     if len(edge) > 1:
         xs, ys = [points[i][0] for i in edge], [points[i][1] for i in edge]
         ax.step(xs, ys, where="post", color="0.4", linestyle="--", linewidth=1, label="frontier")
     ax.set_xscale("log")
-    ax.set(xlabel="bytes one worker sends per step (log)", ylabel=f"{label} (higher is better)",
-           title="accuracy against bytes (mean over seeds, bars: spread)")  # fmt: skip
+    better = "higher" if higher else "lower"
+    ax.set(xlabel="bytes one worker sends per step (log)", ylabel=f"{label} ({better} is better)",
+           title=f"{'accuracy' if higher else 'loss'} against bytes (mean over seeds, bars: spread)")  # fmt: skip
     ax.grid(alpha=0.3, which="both")
     width = 0.8 / max(len(priced), 1)
     for i in range(len(priced)):
@@ -332,7 +349,8 @@ def plot(title: str, headline: str, label: str, priced: list[tuple[dict[str, Any
     bars.set_yscale("log")
     bars.set(
         ylabel="projected step (ms, log; dotted: compute only)",
-        title=f"projected step: ResNet-50 on H100s, {proj['workers']} workers, per link and message latency",
+        title=f"projected step: {WORKLOAD_LABELS.get(proj['workload'], proj['workload'])} on H100s, "
+        f"{proj['workers']} workers, per link and message latency",
     )
     bars.grid(alpha=0.3, axis="y", which="both")
     handles, labels = ax.get_legend_handles_labels()
@@ -345,18 +363,20 @@ def plot(title: str, headline: str, label: str, priced: list[tuple[dict[str, Any
 def outputs(name: str, title: str, headline: str, label: str, methods: list[dict[str, Any]],
             local_steps: dict[str, int], command: str,
             overrides: dict[str, tuple[str, ...]] | None = None, wire: dict[str, float] | None = None,
+            higher: bool = True, w: Workload = hardware.RESNET50, workers: int = WORKERS,
             ) -> dict[str, bytes]:  # fmt: skip
     """The files a frontier table adds to its report (nothing when no arm has run yet). ``overrides``: each method's
-    train overrides, to find its wire-bench configuration in ``wire`` (:func:`wire_bench`'s bytes per exchange)."""
+    train overrides, to find its wire-bench configuration in ``wire`` (:func:`wire_bench`'s bytes per exchange);
+    ``higher``: whether the headline metric is better higher; ``w``, ``workers``: what the projection prices."""
     measured = {rec["method"]: bench_bytes(rec["compression"], (overrides or {}).get(rec["method"], ()), wire or {})
                 for rec in methods}  # fmt: skip
-    priced = arms_of(methods, local_steps, {m: b for m, b in measured.items() if b is not None}, overrides)
+    priced = arms_of(methods, local_steps, {m: b for m, b in measured.items() if b is not None}, overrides, w)
     if not priced:
         return {}
-    proj = projection([arm for _, arm in priced])
+    proj = projection([arm for _, arm in priced], workers, w)
     return {
-        f"{name}-bytes.png": plot(title, headline, label, priced, proj),
-        f"{name}-projection.md": to_markdown(title, headline, priced, proj, command).encode(),
+        f"{name}-bytes.png": plot(title, headline, label, priced, proj, higher),
+        f"{name}-projection.md": to_markdown(title, headline, priced, proj, command, higher).encode(),
         f"{name}-projection.json": (json.dumps(proj, indent=2) + "\n").encode(),
     }
 

@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from dgc import atomic
+from dgc.costmodel.hardware import WORKLOADS
 from dgc.repro import checkpoint, frontier_cost, plots
 from dgc.repro.locate import MULTIRUN_RECORD
 from dgc.repro.rows import Paper, Row
@@ -391,36 +392,40 @@ def beside_lines(table: Table, records: list[dict[str, Any]], other: list[dict[s
 
 
 def matched_bytes(table: Table, records: list[dict[str, Any]], local_steps: dict[str, int] | None = None) -> list[str]:
-    """A frontier table's DGC against the DiLoCo arm whose measured bytes per step are nearest DGC's (the two byte
-    counts and their ratio are named, and how many outer steps the DiLoCo arm made: ``local_steps``, each method's H
-    from its runs): the headline metric's difference seed by seed, over the seeds both ran."""
+    """A frontier table's DGC arms (each, e.g. DGC as published and DGC feeding AdamW) against the DiLoCo arm whose
+    measured bytes per step are nearest theirs (the two byte counts and their ratio are named, and how many outer
+    steps the DiLoCo arm made: ``local_steps``, each method's H from its runs): the headline metric's difference seed
+    by seed, over the seeds both ran."""
     m = table.metrics[0]
     methods = methods_of(table, records)
-    dgc = next((r for r in methods if r["compression"] == "dgc" and r["sent_mb"]), None)
-    diloco = [r for r in methods if r["compression"] == "diloco" and r["sent_mb"]]
-    if dgc is None or not diloco:
+    dgcs = [r for r in methods if r["compression"] in ("dgc", "dgc_chunk") and r["sent_mb"]]
+    diloco = [r for r in methods if r["compression"].startswith("diloco") and r["sent_mb"]]
+    if not dgcs or not diloco:
         return []
-    near = min(diloco, key=lambda r: abs(math.log(r["sent_mb"] / dgc["sent_mb"])))
     by_seed = {(r["method"], r["seed"]): r[m] for r in records if r[m] is not None}
-    seeds = sorted({s for (method, s) in by_seed if method == dgc["method"]} & {s for (method, s) in by_seed
-                                                                             if method == near["method"]})  # fmt: skip
-    if not seeds:
-        return []
-    deltas = [by_seed[(dgc["method"], s)] - by_seed[(near["method"], s)] for s in seeds]
     label = METRICS.get(m, (m, True))[0]
-    every = (local_steps or {}).get(near["method"])
-    outer = ""
-    if every and near["steps"]:
-        n = near["steps"] // every
-        outer = f"; its {near['steps']} steps at H = {every} are {n} outer step{'s' if n != 1 else ''}"
-    per_seed = ", ".join(f"seed {s}: {d:+.2f}" for s, d in zip(seeds, deltas, strict=True))
-    mean = sum(deltas) / len(deltas)
-    se, ci = paired(deltas)
-    spread = f"; standard error {se:.2f}, 95% interval [{ci[0]:+.2f}, {ci[1]:+.2f}]" if se is not None else ""
-    return ["", f"At matched bytes: {dgc['method']} sends {_fmt_mb(dgc['sent_mb'])} MB/step, {near['method']} "
-            f"{_fmt_mb(near['sent_mb'])} MB/step ({near['sent_mb'] / dgc['sent_mb']:.2f}x DGC's, the DiLoCo arm "
-            f"nearest it{outer}). Difference in {label}, DGC minus DiLoCo: {per_seed}; mean {mean:+.2f}"
-            f"{spread}."]  # fmt: skip
+    lines = []
+    for dgc in dgcs:
+        near = min(diloco, key=lambda r: abs(math.log(r["sent_mb"] / dgc["sent_mb"])))
+        seeds = sorted({s for (method, s) in by_seed if method == dgc["method"]}
+                       & {s for (method, s) in by_seed if method == near["method"]})  # fmt: skip
+        if not seeds:
+            continue
+        deltas = [by_seed[(dgc["method"], s)] - by_seed[(near["method"], s)] for s in seeds]
+        every = (local_steps or {}).get(near["method"])
+        outer = ""
+        if every and near["steps"]:
+            n = near["steps"] // every
+            outer = f"; its {near['steps']} steps at H = {every} are {n} outer step{'s' if n != 1 else ''}"
+        per_seed = ", ".join(f"seed {s}: {d:+.2f}" for s, d in zip(seeds, deltas, strict=True))
+        mean = sum(deltas) / len(deltas)
+        se, ci = paired(deltas)
+        spread = f"; standard error {se:.2f}, 95% interval [{ci[0]:+.2f}, {ci[1]:+.2f}]" if se is not None else ""
+        lines += ["", f"At matched bytes: {dgc['method']} sends {_fmt_mb(dgc['sent_mb'])} MB/step, {near['method']} "
+                  f"{_fmt_mb(near['sent_mb'])} MB/step ({near['sent_mb'] / dgc['sent_mb']:.2f}x DGC's, the DiLoCo arm "
+                  f"nearest it{outer}). Difference in {label}, DGC minus DiLoCo: {per_seed}; mean {mean:+.2f}"
+                  f"{spread}."]  # fmt: skip
+    return lines
 
 
 def to_csv(records: list[dict[str, Any]]) -> str:
@@ -552,10 +557,11 @@ def build(
     if table.frontier:
         headline = table.metrics[0]
         overrides = {r.method: r.overrides for r in table.rows}
-        measured = frontier_cost.wire_bench(wire) if wire is not None else {}
-        files.update(frontier_cost.outputs(table.name, table.title, headline, METRICS.get(headline, (headline,))[0],
-                                           methods_of(table, records), local_steps, command, overrides,
-                                           measured))  # fmt: skip
+        measured = frontier_cost.wire_bench(wire, WORKLOADS[table.workload]) if wire is not None else {}
+        label, higher = METRICS.get(headline, (headline, True))
+        files.update(frontier_cost.outputs(table.name, table.title, headline, label, methods_of(table, records),
+                                           local_steps, command, overrides, measured, higher,
+                                           WORKLOADS[table.workload], table.workers))  # fmt: skip
     return files
 
 

@@ -66,6 +66,9 @@ class Table:
     full_scale: bool = True
     #: data the runs need (the Makefile passes it as data.root=...)
     data: str = ""
+    #: a frontier table's projection: the workload it prices (dgc.costmodel.hardware.WORKLOADS) and its workers
+    workload: str = "resnet50"
+    workers: int = 4
     #: the report adds accuracy against bytes and each arm's projected step time (dgc.repro.frontier_cost)
     frontier: bool = False
     #: (another table, the part of this table's run keys that the other's lack): the report sets each method's
@@ -318,7 +321,8 @@ def _lm_frontier_tables() -> tuple[Table, ...]:
               source, full_scale=False),
         Table("cpu-lm-frontier", "DGC against today's low-bandwidth methods on a GPT: kjv_gpt, 4 workers, 2 seeds, "
               "learning rates chosen on the validation split", ("loss", "bpc", "val_loss"),
-              frontier.frontier_rows(setup), source, full_scale=False, frontier=True),
+              frontier.frontier_rows(setup), source, full_scale=False, frontier=True, workload="gpt2_124m",
+              workers=8),
     )  # fmt: skip
 
 
