@@ -434,9 +434,17 @@ def test_the_language_model_frontier_sets_each_dgc_against_diloco_at_its_bytes(t
             fake_run(tmp_path / "runs" / "cpu-lm-frontier" / row.key, row.task, row.compression,
                      {"loss": value, "bpc": value / 0.693, "val_loss": value}, kind="causal_lm", sent=sent[arm],
                      dense=3238400.0, steps=7773, local_steps=every)  # fmt: skip
+            (tmp_path / "runs" / "cpu-lm-frontier" / row.key / "config.yaml").write_text(yaml.safe_dump(
+                {"task": {"name": row.task, "kind": "causal_lm"}, "model": {"args": {"block_size": 64}},
+                 "train": {"batch_size": 6, "accumulate": 1}}))  # fmt: skip
     code, _, err = run_report(["--table", "cpu-lm-frontier", "--partial", "--runs-root", str(tmp_path / "runs"),
                                "--out", str(tmp_path)], capsys)  # fmt: skip
     assert code == 0, err
+    # loss against tokens (4 workers x 6 windows x 64 characters a step) and against bytes sent
+    assert (tmp_path / "cpu-lm-frontier-tokens.png").read_bytes().startswith(PNG)
+    runs = [report.load_run(r, tmp_path / "runs" / "cpu-lm-frontier" / r.key) for r in table.rows
+            if (tmp_path / "runs" / "cpu-lm-frontier" / r.key).is_dir()]  # fmt: skip
+    assert {plots.tokens_per_step(run) for run in runs} == {4 * 6 * 64}
     md = (tmp_path / "cpu-lm-frontier.md").read_text()
     lines = [x for x in md.splitlines() if x.startswith("At matched bytes")]
     assert len(lines) == 2 and all("DiLoCo, H = 256, bf16 (DGC's bytes)" in x for x in lines)
@@ -470,3 +478,18 @@ def test_a_longer_run_of_the_same_rows_is_set_beside_the_standard_ones_seed_by_s
     run_report(["--table", "cpu-speech-long", "--partial", "--runs-root", str(tmp_path / "runs"), "--out",
                 str(tmp_path)], capsys)  # fmt: skip
     assert "Beside cpu-speech" not in (tmp_path / "cpu-speech-long.md").read_text()
+
+
+def test_a_frontier_arm_without_its_test_metric_gets_a_bar_and_no_point(tmp_path, capsys):
+    """A run that never read the test split (train.test_eval=never) in a frontier table: priced, not plotted."""
+    table = get_table("cpu-lm-frontier")
+    runs = tmp_path / "runs" / "cpu-lm-frontier"
+    fake_run(runs / "none-s0", "kjv_gpt", "none", {"val_loss": 1.06}, kind="causal_lm", dense=3238400.0, evals=0)
+    fake_run(runs / "dgc-adamw-s0", "kjv_gpt", "dgc", {"loss": 1.1, "bpc": 1.6, "val_loss": 1.08}, kind="causal_lm",
+             sent=5600.0, dense=3238400.0)  # fmt: skip
+    code, _, err = run_report(["--table", table.name, "--partial", "--runs-root", str(tmp_path / "runs"), "--out",
+                               str(tmp_path)], capsys)  # fmt: skip
+    assert code == 0, err
+    assert (tmp_path / "cpu-lm-frontier-bytes.png").read_bytes().startswith(PNG)
+    projection = (tmp_path / "cpu-lm-frontier-projection.md").read_text()
+    assert "| dense fp32 allreduce, AdamW, lr x1 (not chosen yet) | - |" in projection

@@ -325,8 +325,11 @@ def plot(title: str, headline: str, label: str, priced: list[tuple[dict[str, Any
     from dgc.repro import plots
 
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(13, 5))
-    points = [(rec["sent_mb"] * 2**20, rec[headline]) for rec, _ in priced]
-    for i, ((rec, arm), (x, y)) in enumerate(zip(priced, points, strict=True)):
+    # an arm without the headline metric (a run that never read the test split) has its bar, not a point
+    shown = [i for i, (rec, _) in enumerate(priced) if rec[headline] is not None]
+    points = [(priced[i][0]["sent_mb"] * 2**20, priced[i][0][headline]) for i in shown]
+    for i, (x, y) in zip(shown, points, strict=True):
+        rec, arm = priced[i]
         ax.errorbar([x], [y], yerr=rec.get(f"{headline}_sd") or 0.0, fmt="o", color=f"C{i % 10}", capsize=3,
                     label=arm.method)  # fmt: skip
     edge = frontier(points, higher)

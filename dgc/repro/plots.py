@@ -157,6 +157,76 @@ def plot_steps(table: Table, runs: list[Run]) -> bytes:
     return png(fig)
 
 
+def tokens_per_step(run: Run) -> float | None:
+    """Tokens all workers read in one step of a causal-LM run (world size x batch x accumulate x context), from its
+    ``config.yaml``; None where it is not one."""
+    import yaml
+
+    path = run.run_dir / "config.yaml"
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+        context = cfg["model"]["args"]["block_size"]
+        train = cfg["train"]
+        return float(run.summary["world_size"] * train["batch_size"] * train.get("accumulate", 1) * context)
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+
+
+def _loss_points(run: Run, metric: str) -> tuple[list[int], list[float], list[int], list[float]]:
+    """(steps, training loss) of the run's log lines and (steps, ``metric``) of its evaluations."""
+    from dgc.repro.rundir import read_records
+
+    log = run.run_dir / "metrics.jsonl"
+    train = [r for r in read_records(log) if r.get("kind") == "train"] if log.is_file() else []
+    points = [(int(r["step"]), float(r["train_loss"])) for r in train if isinstance(r.get("train_loss"), int | float)]
+    evals = [(int(e["step"]), float(e[metric])) for e in run.evals if isinstance(e.get(metric), int | float)]
+    return [a for a, _ in points], [b for _, b in points], [a for a, _ in evals], [b for _, b in evals]
+
+
+def plot_tokens(table: Table, runs: list[Run]) -> bytes:
+    """A language model's loss against the tokens read (left) and against the bytes one worker sent (right, log):
+    per method its first seed's training loss (a thin line, the mean of each log line's steps) and every seed's
+    validation loss at its evaluations (markers). Bytes at a step: the step times the run's mean bytes per step
+    over all its steps (dense bytes over ``wire_ratio_all_steps``: the warm-up included)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_tokens, by_bytes) = plt.subplots(1, 2, figsize=(13, 5))
+    metric = VALIDATION.get(runs[0].headline, runs[0].headline) if runs else "val_loss"
+    for i, (method, method_runs) in enumerate(_by_method(runs).items()):
+        color = f"C{i % 10}"
+        for k, run in enumerate(method_runs):
+            tokens = tokens_per_step(run)
+            ratio = run.summary.get("wire_ratio_all_steps")
+            dense = run.summary.get("dense_bytes_per_step")
+            if tokens is None:
+                continue
+            per_step = dense / ratio if dense and ratio else None
+            steps, train, eval_steps, values = _loss_points(run, metric)
+            label = method if k == 0 else None
+            if k == 0 and steps:
+                by_tokens.plot([s * tokens / 1e6 for s in steps], train, lw=0.7, alpha=0.6, color=color)
+                if per_step:
+                    by_bytes.plot([s * per_step for s in steps], train, lw=0.7, alpha=0.6, color=color)
+            by_tokens.plot([s * tokens / 1e6 for s in eval_steps], values, "o", ms=4, color=color, label=label)
+            if per_step:
+                by_bytes.plot([s * per_step for s in eval_steps], values, "o", ms=4, color=color)
+    label = METRICS.get(metric, (metric, False))[0]
+    by_tokens.set(xlabel="tokens read by all workers (millions)", ylabel=f"{label}; lines: training loss",
+                  title="loss against tokens (lower is better)")  # fmt: skip
+    by_bytes.set_xscale("log")
+    by_bytes.set(xlabel="bytes one worker has sent (log)", ylabel=label, title="loss against bytes sent")
+    for ax in (by_tokens, by_bytes):
+        ax.grid(alpha=0.3, which="both")
+    handles, labels = by_tokens.get_legend_handles_labels()
+    fig.tight_layout()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
+    suptitle(fig, table.title)
+    return png(fig)
+
+
 def paper_ratio_of(row: Row) -> float | None:
     """Where the paper's point of a row goes on the ratio axis: its ratio, 1 for a dense run, else None
     (Table 2 gives no ratio for its sparse rows: those are left out rather than drawn at 1x)."""

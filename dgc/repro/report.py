@@ -554,6 +554,8 @@ def build(
         f"{table.name}-steps.png": plots.plot_steps(table, runs),
         f"{table.name}-ratio.png": plots.plot_ratio(table, runs),
     }
+    if table.frontier and any(run.kind == "causal_lm" for run in runs):
+        files[f"{table.name}-tokens.png"] = plots.plot_tokens(table, [run for run in runs if run.kind == "causal_lm"])
     if table.frontier:
         headline = table.metrics[0]
         overrides = {r.method: r.overrides for r in table.rows}
