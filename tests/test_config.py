@@ -201,3 +201,50 @@ def test_multirun_sweep(tmp_path):
     # Hydra itself writes no job folders
     assert not (cwd / "outputs").exists() and not (cwd / "multirun").exists()
     assert not list(cwd.rglob(".hydra"))
+
+
+# -- every value checked, from the schema (issue 56, item 4) --------------------------------------
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("optim.momentum=nan", "optim.momentum must be a number in [0, 1), got nan"),
+    ("optim.momentum=2", "optim.momentum must be a number in [0, 1), got 2.0"),
+    ("optim.momentum=-1", "optim.momentum must be a number in [0, 1), got -1.0"),
+    ("optim.weight_decay=nan", "optim.weight_decay must be a number in [0, 1000], got nan"),
+    ("optim.weight_decay=-1", "optim.weight_decay must be a number in [0, 1000], got -1.0"),
+    ("optim.lr=inf", "optim.lr must be a number in (0, 10000], got inf"),
+    ("optim.lr=1e45", "optim.lr must be a number in (0, 10000], got 1e+45"),
+    ("optim.warmup_epochs=nan", "optim.warmup_epochs must be a number >= 0, got nan"),
+    ("optim.warmup_epochs=-1", "optim.warmup_epochs must be a number >= 0, got -1.0"),
+    ("optim.gamma=nan", "optim.gamma must be a number in (0, 1000], got nan"),
+    ("optim.milestones=[1,nan]", "each of optim.milestones must be a number >= 0, got [1.0, nan]"),
+    ("data.eval_limit=0", "data.eval_limit must be an integer >= 1 or null, got 0"),
+    ("data.eval_limit=-1", "data.eval_limit must be an integer >= 1 or null, got -1"),
+    ("data.limit=-5", "data.limit must be an integer >= 1 or null, got -5"),
+    ("data.loader_workers=-1", "data.loader_workers must be an integer >= 0, got -1"),
+    ("train.epochs=inf", "train.epochs must be a number in (0, 1000000], got inf"),
+    ("train.eval_batch_size=0", "train.eval_batch_size must be an integer >= 1, got 0"),
+    ("timeout_s=inf", "timeout_s must be a number in [1, 1000000], got inf"),
+    ("timeout_s=1e-9", "timeout_s must be a number in [1, 1000000], got 1e-09"),
+    ("resume_allow=[nonsense]", "resume_allow names no setting: nonsense; give dotted keys such as train.epochs"),
+])  # fmt: skip
+def test_every_value_is_checked_against_its_range_in_the_schema(override, message):
+    with pytest.raises(ValueError) as err:
+        compose_config(override)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_the_ranges_sit_beside_the_fields_and_let_the_valid_values_through():
+    from dataclasses import fields
+
+    from dgc.repro.config import OptimConfig, Range, TrainConfig, check_ranges
+
+    ranged = {f.name for cls in (OptimConfig, TrainConfig) for f in fields(cls) if isinstance(f.metadata.get("range"),
+                                                                                              Range)}  # fmt: skip
+    assert {"lr", "momentum", "weight_decay", "gamma", "warmup_epochs", "epochs", "batch_size"} <= ranged
+    cfg = compose_config("resume_allow=[world_size,optim,train.epochs,model.args.depth]", "optim.momentum=0",
+                         "data.eval_limit=null", "timeout_s=1")  # fmt: skip
+    check_ranges(cfg)  # nothing raised: groups, world_size and dict keys are settings; null is off
+    cfg.optim.lr = float("nan")  # changed after it was made: the trainer's check sees it
+    with pytest.raises(ValueError, match="optim.lr must be a number in"):
+        check_ranges(cfg)

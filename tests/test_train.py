@@ -184,6 +184,8 @@ def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
         ),
         (["sync.pack=all", "sync.exchange=hierarchical"], "sync.pack=all needs sync.exchange=flat"),
         (["sync.pack=dense", "sync.exchange=auto"], "sync.exchange=auto may choose another: set sync.exchange=flat"),
+        (["data.eval_limit=0"], "data.eval_limit must be an integer >= 1 or null, got 0"),
+        (["optim.momentum=nan"], "optim.momentum must be a number in [0, 1), got nan"),
     ],
     ids=[
         "unknown-task",
@@ -198,6 +200,8 @@ def test_checkpoints_follow_the_evaluation(fmnist, tmp_path, monkeypatch):
         "overlap-whole-clip",
         "pack-dense-hierarchical",
         "pack-with-auto-exchange",
+        "eval-limit-0",
+        "momentum-nan",
     ],
 )
 def test_bad_overrides(override, message, fmnist, tmp_path):
@@ -212,6 +216,15 @@ def test_bad_overrides(override, message, fmnist, tmp_path):
     assert "Traceback" not in out.stdout + out.stderr
     assert not run_dir.exists()
     assert os.listdir(cwd) == []
+
+
+def test_a_value_out_of_range_under_the_launcher_is_one_line_before_any_worker_starts(fmnist, tmp_path):
+    """timeout_s=inf under --nproc ended in a traceback from the process group: the launcher refuses it first."""
+    run_dir = tmp_path / "r"
+    out = cli([*TINY, f"data.root={fmnist}", "timeout_s=inf", f"run_dir={run_dir}"], tmp_path, nproc=2)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: timeout_s must be a number in [1, 1000000], got inf"
+    assert not run_dir.exists() and "Traceback" not in out.stdout
 
 
 def test_test_eval_end_without_a_validation_split_evaluates_once(fmnist, tmp_path):

@@ -8,8 +8,9 @@ trainer. ``compression`` is typed by the chosen compressor's own config dataclas
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,84 @@ def data_dir(sub: str = "", system: str = "") -> str:
 OmegaConf.register_new_resolver("data_home", data_dir, replace=True)
 
 
+@dataclass(frozen=True)
+class Range:
+    """Where a numeric setting may lie (``None``: unbounded on that side); finite always. Beside each field of the
+    schema (:func:`ranged`), checked for every field at once by :func:`check_ranges`."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, v: float) -> bool:
+        above = self.low is None or (v > self.low if self.low_open else v >= self.low)
+        below = self.high is None or (v < self.high if self.high_open else v <= self.high)
+        return math.isfinite(v) and above and below
+
+    def describe(self, integer: bool) -> str:
+        kind = "an integer" if integer else "a number"
+        low, high = _plain(self.low), _plain(self.high)
+        if self.low is not None and self.high is not None:
+            return f"{kind} in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{kind} {'>' if self.low_open else '>='} {low}"
+        if self.high is not None:
+            return f"{kind} {'<' if self.high_open else '<='} {high}"
+        return f"a finite {kind[2:] if integer else 'number'}"
+
+
+def _plain(x: float | None) -> str:
+    """A bound as people write it: 1000000, not 1e+06."""
+    if x is None:
+        return ""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e12 else f"{x:g}"
+
+
+def ranged(default: Any, low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False) -> Any:  # fmt: skip
+    """A schema field with its :class:`Range` (of each element, for a list default)."""
+    meta = {"range": Range(low, high, low_open, high_open)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def check_ranges(obj: Any, prefix: str = "") -> None:
+    """Every :func:`ranged` field of the dataclass ``obj`` and of the dataclasses in it, at once: a value (or an element
+    of a list) outside its range, not finite, or not a number is a ValueError with one line naming the setting, what
+    it may be, and the value. ``None`` passes (the optional settings: ``null`` is off)."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        path = f"{prefix}{f.name}"
+        rng = f.metadata.get("range")
+        if rng is None:
+            if is_dataclass(value):
+                check_ranges(value, path + ".")
+            continue
+        kind = str(f.type)
+        for v in value if isinstance(value, list | tuple) else [value]:
+            number = isinstance(v, int | float) and not isinstance(v, bool)
+            if v is None or (number and rng.holds(float(v))):
+                continue
+            optional = " or null" if "None" in kind else ""
+            each = "each of " if isinstance(value, list | tuple) else ""
+            raise ValueError(f"{each}{path} must be {rng.describe(kind.startswith(('int', 'list[int')))}{optional}, "
+                             f"got {value!r}")  # fmt: skip
+
+
+def config_keys(obj: Any, prefix: str = "") -> set[str]:
+    """The dotted keys of a config's dataclasses (``optim.lr``, ``compression.density``, ...); a dict field
+    (``model.args``) is a key whose every sub-key is allowed."""
+    out: set[str] = set()
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        out.add(prefix + f.name)
+        if is_dataclass(value):
+            out |= config_keys(value, f"{prefix}{f.name}.")
+    return out
+
+
 class ConfigError(ValueError):
     """A problem the user can fix (a bad setting, a run directory that cannot be used, a corrupt checkpoint,
     a full disk); the message is one line saying what is wrong and what to do. Exit status 2."""
@@ -60,9 +139,9 @@ class TaskConfig:
     #: which task family runs it: image | language | speech | causal_lm
     kind: str = "image"
     #: DGC's density warm-up for this task, in epochs; used by the sparse compression presets
-    compression_warmup_epochs: float = 0.0
+    compression_warmup_epochs: float = ranged(0.0, 0)
     #: DGC's local gradient clipping threshold for this task (null: off); used by compression/dgc.yaml
-    local_clip_norm: float | None = None
+    local_clip_norm: float | None = ranged(None, 0, low_open=True)
 
 
 @dataclass
@@ -80,13 +159,13 @@ class DataConfig:
     #: where the data lives on disk
     root: str = "???"
     #: use only the first N training examples (quick runs)
-    limit: int | None = None
+    limit: int | None = ranged(None, 1)
     #: evaluate on only the first N evaluation examples
-    eval_limit: int | None = None
+    eval_limit: int | None = ranged(None, 1)
     augment: bool = True
     #: image tasks: hold out this many training images as a validation split (0: none)
-    validation: int = 0
-    loader_workers: int = 0
+    validation: int = ranged(0, 0)
+    loader_workers: int = ranged(0, 0)
     args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -96,47 +175,47 @@ class OptimConfig:
     #: decoupled weight decay; ``momentum`` and ``nesterov`` unused)
     name: str = "sgd"
     #: learning rate per worker; multiplied by the world size when ``scale_lr``
-    lr: float = 0.1
+    lr: float = ranged(0.1, 0, 1e4, low_open=True)
     scale_lr: bool = True
-    momentum: float = 0.9
+    momentum: float = ranged(0.9, 0, 1, high_open=True)
     nesterov: bool = False
-    weight_decay: float = 1e-4
+    weight_decay: float = ranged(1e-4, 0, 1e3)
     #: no weight decay on BatchNorm parameters and biases (tensors with dim <= 1)
     no_decay_1d: bool = False
     #: adamw: the decay rates of the first and second moment estimates
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = ranged([0.9, 0.999], 0, 1, high_open=True)
     #: adamw: added to the square root of the second moment
-    eps: float = 1e-8
+    eps: float = ranged(1e-8, 0, 1, low_open=True)
     #: cosine | multistep | constant
     schedule: str = "cosine"
     #: cosine: the rate at the end of the run, as a fraction of the peak rate (nanoGPT: 0.1)
-    final_lr_ratio: float = 0.0
+    final_lr_ratio: float = ranged(0.0, 0, 1)
     #: epochs at which multistep multiplies the rate by ``gamma``
-    milestones: list[float] = field(default_factory=list)
-    gamma: float = 0.1
+    milestones: list[float] = ranged([], 0)
+    gamma: float = ranged(0.1, 0, 1e3, low_open=True)
     #: linear learning-rate warm-up, in epochs
-    warmup_epochs: float = 0.0
+    warmup_epochs: float = ranged(0.0, 0)
     #: global gradient-norm clipping after aggregation (the dense baseline's clipping); null: off
-    grad_clip: float | None = None
+    grad_clip: float | None = ranged(None, 0, low_open=True)
 
 
 @dataclass
 class TrainConfig:
-    epochs: float = 1.0
+    epochs: float = ranged(1.0, 0, 1e6, low_open=True)
     #: batch per worker (per micro-batch when accumulating)
-    batch_size: int = 32
-    eval_batch_size: int = 256
+    batch_size: int = ranged(32, 1)
+    eval_batch_size: int = ranged(256, 1)
     #: micro-batches per optimizer step
-    accumulate: int = 1
+    accumulate: int = ranged(1, 1)
     #: stop after N optimizer steps, then evaluate and write the summary
-    max_steps: int | None = None
-    log_every: int = 10
+    max_steps: int | None = ranged(None, 1)
+    log_every: int = ranged(10, 1)
     #: checkpoint every N steps (0: by time and at the end of each epoch and of the run only)
-    checkpoint_every: int = 0
+    checkpoint_every: int = ranged(0, 0)
     #: and whenever this many minutes passed since the last checkpoint (0: never by time)
-    checkpoint_minutes: float = 10.0
+    checkpoint_minutes: float = ranged(10.0, 0)
     #: end the run (exit status 3) after this many steps in a row with non-finite gradients (skipped)
-    max_bad_steps: int = 5
+    max_bad_steps: int = ranged(5, 1)
     #: bf16 autocast (CUDA only)
     bf16: bool = False
     #: progress bar on rank 0
@@ -171,15 +250,25 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     #: run directory shared by all ranks (default: runs/<task>/<compression>/<time>)
     run_dir: str | None = None
-    seed: int = 0
+    seed: int = ranged(0, 0)
     #: continue the run in ``run_dir`` from its checkpoint: true (must), false (must not), auto (when there is one)
     resume: Any = False
     #: settings that may differ from the checkpoint's when resuming (e.g. [train.epochs]); others are refused
     resume_allow: list[str] = field(default_factory=list)
     #: how long a collective may wait for the other ranks before the run ends (exit status 4)
-    timeout_s: float = 600.0
+    timeout_s: float = ranged(600.0, 1, 1e6)
     #: auto | cpu | cuda
     device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        # resume_allow names settings (a key, or a group: optim, model.args.): one that is none would allow nothing
+        keys = config_keys(self) | {"world_size"}
+        dicts = tuple(f"{k}." for k in ("model.args", "data.args"))
+        unknown = [k for k in self.resume_allow if str(k).rstrip(".") not in keys and not str(k).startswith(dicts)]
+        if unknown:
+            raise ValueError(f"resume_allow names no setting: {', '.join(map(str, unknown))}; give dotted keys such "
+                             "as train.epochs or optim.lr, a group such as optim, or world_size")  # fmt: skip
 
 
 def method_name(cfg: Config) -> str:
