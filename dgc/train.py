@@ -376,8 +376,13 @@ def main() -> None:
     _check_launcher_plugin(args)
     check_syntax(args)
     multirun = any(a in ("-m", "--multirun") for a in args)
-    if multirun and (int(os.environ.get("WORLD_SIZE", "1")) > 1 or nproc):
-        _fail("a Hydra multirun (-m) inside torchrun would run the whole sweep on every rank; sweep outside torchrun")
+    if multirun and nproc:
+        _fail(f"--nproc {nproc} with -m: a Hydra multirun runs its points one after another in one process, not on "
+              f"{nproc} workers each; run one `python -m dgc.train --nproc {nproc} ...` per point (a shell loop over "
+              "the values), or, for a table's rows, python -m dgc.repro.sweep")  # fmt: skip
+    if multirun and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _fail("a Hydra multirun (-m) inside torchrun would run the whole sweep on every rank; sweep outside torchrun: "
+              "one torchrun (or python -m dgc.train --nproc N) per point")  # fmt: skip
     cfg = None
     if not multirun and not any(a in ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c") for a in args):
         cfg = precheck(args)

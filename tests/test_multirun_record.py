@@ -40,3 +40,14 @@ def test_a_sweep_lists_its_run_dirs_and_the_report_names_them_by_what_they_are(t
     table = (tmp_path / "o" / "report.md").read_text().split("\n\n")[1]
     rows = [line.split(" | ")[1] for line in table.splitlines()[2:]]
     assert rows == ["none", "dgc"]  # named by the compression, not by the directory's time stamp
+
+
+def test_a_multirun_under_the_launcher_says_how_to_sweep_each_point_on_n_workers(tmp_path):
+    for launcher, env, expected in (
+        (["--nproc", "2"], {}, "error: --nproc 2 with -m: a Hydra multirun runs its points one after another"),
+        ([], {"WORLD_SIZE": "2"}, "error: a Hydra multirun (-m) inside torchrun would run the whole sweep on every"),
+    ):
+        cmd = [sys.executable, "-m", "dgc.train", *launcher, "-m", "task=fmnist_resnet20", "compression=none,dgc"]
+        out = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and out.stderr.startswith(expected) and out.stderr.count("\n") == 1
+        assert "per point" in out.stderr and list(tmp_path.iterdir()) == []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,7 +110,7 @@ def test_bad_arguments_name_the_valid_values(capsys):
 
 
 def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
-    """Each run is one torchrun (faked here: it writes the run directory), then the report."""
+    """Each run is one `python -m dgc.train --nproc N` (faked here: it writes the run directory), then the report."""
     runs, out = tmp_path / "runs", tmp_path / "results"
     stale = runs / "cpu-fmnist" / "dgc-s0"
     stale.mkdir(parents=True)
@@ -117,7 +119,7 @@ def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
     real_run = subprocess.run
 
     def fake_torchrun(cmd, env=None, **kw):
-        if "torch.distributed.run" not in cmd:  # e.g. matplotlib's first import asks fc-list for the fonts
+        if "dgc.train" not in cmd:  # e.g. matplotlib's first import asks fc-list for the fonts
             return real_run(cmd, env=env, **kw)
         commands.append(cmd)
         assert env["OMP_NUM_THREADS"]
@@ -129,7 +131,7 @@ def test_local_sweep_removes_stale_runs_then_reports(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep.subprocess, "run", fake_torchrun)
     sweep.main(["cpu-fmnist", "--world-size", "2", "--runs-root", str(runs), "--out", str(out), "train.max_steps=3"])
     assert len(commands) == len(get_table("cpu-fmnist").rows) == 12
-    assert all("--nproc_per_node=2" in c and "train.max_steps=3" in c for c in commands)
+    assert all(c[1:5] == ["-m", "dgc.train", "--nproc", "2"] and "train.max_steps=3" in c for c in commands)
     assert not (stale / "metrics.jsonl").read_text().startswith("old")
     assert (out / "cpu-fmnist.md").is_file() and (out / "cpu-fmnist-steps.png").is_file()
 
@@ -179,13 +181,39 @@ def test_slurm_sweep_submits_runs_then_a_dependent_report(tmp_path, monkeypatch)
         return subprocess.CompletedProcess(cmd, 0, stdout=f"{100 + len(submitted)}\n", stderr="")
 
     monkeypatch.setattr(sweep.subprocess, "run", fake_sbatch)
+    monkeypatch.setattr(sweep.shutil, "which", lambda name: f"/usr/bin/{name}")  # a login node
     monkeypatch.chdir(tmp_path)  # the submit directory
-    sweep.main(["table4-ptb", "--launcher", "slurm", "--runs-root", "r", "--data-root", "ptb=/data/ptb"])
+    sweep.main(["table4-ptb", "--launcher", "slurm", "--runs-root", "r", "--data-root", "ptb=/data/ptb",
+                "--sbatch=--partition=gpu"])  # fmt: skip
     (run1, n1), (run2, _), (rep, _) = submitted
     assert n1 == "4" and "data.root=/data/ptb" in run1 and "compression=dgc" in run2
-    assert "--dependency=afterok:101:102" in rep
+    # after every run has ended, whatever its outcome (the report marks the rows that did not finish), with the runs'
+    # sbatch options
+    assert "--dependency=afterany:101:102" in rep and "--partition=gpu" in rep and "--partition=gpu" in run1
+    assert any(a.startswith("--wrap=") and a.endswith("--partial") for a in rep)
     assert any(a.startswith("--wrap=") and "dgc.repro.report --table table4-ptb" in a for a in rep)
     # every job's log under runs/slurm/ (made before submitting: Slurm does not make it), named by the job
     for cmd in (run1, run2, rep):
         assert "--output=runs/slurm/%x-%j.out" in cmd
     assert (tmp_path / "runs" / "slurm").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["r", "runs"]
+
+
+def test_a_slurm_sweep_without_sbatch_is_one_line_and_leaves_nothing(tmp_path):
+    """`make table2-cifar` off a cluster was a 20-line FileNotFoundError after making the runs folder."""
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # no sbatch on it
+    cmd = [sys.executable, "-m", "dgc.repro.sweep", "table2-cifar", "--launcher", "slurm", "--runs-root", "runs"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --launcher slurm submits with sbatch, which is not on PATH")
+    assert "make table2-cifar LAUNCHER=local" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_dry_run_shows_the_report_job_too(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    sweep.main(["table4-ptb", "--launcher", "slurm", "--runs-root", "r", "--dry-run"])
+    err = capsys.readouterr().err
+    report_line = err.strip().splitlines()[-1]
+    assert report_line.startswith("[sweep] report job: sbatch --parsable --job-name=dgc-report-table4-ptb")
+    assert "--dependency=afterany:" in report_line and not (tmp_path / "r").exists()

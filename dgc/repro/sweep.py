@@ -73,8 +73,9 @@ def train_overrides(row: Row, extra: list[str], run_dir: Path) -> list[str]:
 
 
 def local_command(row: Row, world_size: int, extra: list[str], run_dir: Path) -> list[str]:
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
-    return [*torchrun, "-m", "dgc.train", *train_overrides(row, extra, run_dir)]
+    """One run on this machine through dgc.train's own launcher (``--nproc``: a mistake is one line, not torchrun's
+    report, and the workers die with it)."""
+    return [sys.executable, "-m", "dgc.train", "--nproc", str(world_size), *train_overrides(row, extra, run_dir)]
 
 
 def slurm_command(
@@ -215,6 +216,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     table: Table = args.table
     rows = [r for r in table.rows if not args.only or r.key in args.only]
+    if args.launcher == "slurm" and not args.dry_run and shutil.which("sbatch") is None:
+        raise SystemExit(
+            f"error: --launcher slurm submits with sbatch, which is not on PATH here: run this on a Slurm login node; "
+            f"or run the rows one after another on this machine (make {table.name} LAUNCHER=local, or --launcher "
+            "local); --dry-run prints the sbatch commands"
+        )
     if args.launcher == "local":
         run_local(table, rows, args)
         if args.no_report or args.dry_run:
@@ -224,18 +231,30 @@ def main(argv: list[str] | None = None) -> None:
         report([*report_args(table, args), *(["--partial"] if args.only else [])])
         return
     jobs = submit_slurm(table, rows, args)
-    if args.no_report or args.dry_run or not jobs:
+    if args.no_report or (not jobs and not args.dry_run):
         return
-    report_cmd = shlex.join([sys.executable, "-m", "dgc.repro.report", *report_args(table, args)])
-    cmd = [
-        "sbatch", "--parsable", f"--job-name=dgc-report-{table.name}", f"--dependency=afterok:{':'.join(jobs)}",
-        "--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--time=30",
-        f"--output={SLURM_LOGS}/%x-%j.out", f"--wrap={report_cmd}",
-    ]  # fmt: skip
+    cmd, report_cmd = report_job(table, args, jobs or ["<the runs' job ids>"])
+    if args.dry_run:
+        print(f"[sweep] report job: {shlex.join(cmd)}", file=sys.stderr)
+        return
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: submitting the report job failed: {done.stderr.strip()}")
-    print(f"[sweep] report job {done.stdout.strip()} runs `{report_cmd}` once jobs {', '.join(jobs)} succeed")
+    print(f"[sweep] report job {done.stdout.strip()} runs `{report_cmd}` once jobs {', '.join(jobs)} have ended "
+          "(the report marks the rows that did not finish)")  # fmt: skip
+
+
+def report_job(table: Table, args: argparse.Namespace, jobs: list[str]) -> tuple[list[str], str]:
+    """The sbatch command of the report job and the report command it wraps: after every run's job has ended,
+    whatever its outcome (``afterany``: a failed run must not leave the report pending forever), with the runs'
+    ``--sbatch`` options (partition, account, ...)."""
+    report_cmd = shlex.join([sys.executable, "-m", "dgc.repro.report", *report_args(table, args), "--partial"])
+    cmd = [
+        "sbatch", "--parsable", f"--job-name=dgc-report-{table.name}", f"--dependency=afterany:{':'.join(jobs)}",
+        "--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--time=30", f"--output={SLURM_LOGS}/%x-%j.out",
+        *args.sbatch, f"--wrap={report_cmd}",
+    ]  # fmt: skip
+    return cmd, report_cmd
 
 
 if __name__ == "__main__":
