@@ -370,8 +370,17 @@ def _check_launcher_plugin(args: list[str]) -> None:
             )
 
 
+def usage() -> str:
+    """This module's own help (its launcher flags, examples and exit statuses), printed before Hydra's list of
+    configuration groups by ``python -m dgc.train --help``."""
+    text = (__doc__ or "").replace("::", ":").replace("``", "`")
+    return "usage: python -m dgc.train [--nproc N [--max-restarts K]] [-m] [key=value ...]\n\n" + text.strip() + "\n"
+
+
 def main() -> None:
     _die_with_launcher()
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        print(usage(), flush=True)
     nproc, restarts, args = _launcher_options(sys.argv[1:])
     _check_launcher_plugin(args)
     check_syntax(args)

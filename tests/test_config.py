@@ -248,3 +248,16 @@ def test_the_ranges_sit_beside_the_fields_and_let_the_valid_values_through():
     cfg.optim.lr = float("nan")  # changed after it was made: the trainer's check sees it
     with pytest.raises(ValueError, match="optim.lr must be a number in"):
         check_ranges(cfg)
+
+
+def test_help_lists_the_launcher_flags_exit_statuses_and_examples_then_the_settings(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "dgc.train", "--help"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0 and out.stderr == ""
+    text = out.stdout
+    assert text.startswith("usage: python -m dgc.train [--nproc N [--max-restarts K]] [-m] [key=value ...]")
+    for needed in ("--nproc 4 task=cifar10_resnet110", "Exit status: 0 done; 2 a problem you can fix", "75 stopped",
+                   "== Configuration groups ==", "task: an4_deepspeech", "kjv_gpt"):  # fmt: skip
+        assert needed in text, needed
+    assert text.index("Exit status") < text.index("== Configuration groups ==")
+    assert list(tmp_path.iterdir()) == []
