@@ -3,7 +3,10 @@ compression warm-up (the run's ratio, in summary.json, leaves the warm-up out)."
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
+
+import pytest
 
 from dgc.repro.rundir import MetricsLog, RunFiles
 
@@ -47,3 +50,15 @@ def test_a_step_that_sent_nothing_shows_no_ratio(tmp_path, capsys):
     line = capsys.readouterr().out.strip()
     assert "sent 0B (nothing sent this step) compute" in line and line.endswith("skipped 1 (non-finite)")
     assert "1077736x" not in line
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_disk_while_logging_names_the_log_and_how_to_continue():
+    """/dev/full answers every write with ENOSPC, as a full disk does."""
+    from dgc.repro.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        MetricsLog("/dev/full").write({"kind": "train", "step": 7})
+    want = ("no space left on the device of /dev/full while logging step 7: free space there, then run the same "
+            "command with resume=auto (it continues from the last checkpoint)")  # fmt: skip
+    assert str(err.value) == want

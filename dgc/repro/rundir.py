@@ -95,10 +95,18 @@ class MetricsLog:
                               "it, then resume") from None  # fmt: skip
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append one record; a full disk is a ConfigError naming the log (a resume drops a line cut short)."""
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from None
+            raise ConfigError(f"no space left on the device of {self.path} while logging step {record.get('step')}: "
+                              "free space there, then run the same command with resume=auto (it continues from "
+                              "the last checkpoint)") from None  # fmt: skip
 
 
 def _git_revision() -> str | None:
