@@ -211,7 +211,12 @@ def library() -> ctypes.CDLL | None:
             _error = "no C compiler (cc/gcc) found"
             return None
         try:
-            lib = ctypes.CDLL(str(_build(cc)))
+            path = _build(cc)
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError:  # a cached library that does not load (cut short, overwritten): built again, once
+                path.unlink(missing_ok=True)
+                lib = ctypes.CDLL(str(_build(cc)))
             fn = lib.dgc_acc_select
             fn.restype = None
             p, i64 = ctypes.c_void_p, ctypes.c_int64

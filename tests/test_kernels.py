@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -198,3 +201,18 @@ def test_reuse_state_resumes_exactly():
 def test_bad_reuse_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         build_compressor("dgc", **kwargs)
+
+
+def test_a_corrupt_cached_library_is_built_again(tmp_path):
+    """A cached .so that no longer loads (a build cut short, a disk error) is rebuilt, not a warning every run."""
+    if kernels._compiler() is None:
+        pytest.skip("no C compiler")
+    env = {**os.environ, "DGC_KERNEL_CACHE": str(tmp_path), "DGC_KERNELS": "1"}
+    probe = [sys.executable, "-W", "error", "-c", "from dgc import kernels; assert kernels.available(), "
+             "kernels.unavailable_reason()"]  # fmt: skip
+    assert subprocess.run(probe, env=env, capture_output=True, text=True, timeout=300).returncode == 0
+    (built,) = tmp_path.glob("dgc_kernels-*.so")
+    built.write_bytes(b"not a shared library")
+    out = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-1000:]
+    assert built.read_bytes().startswith(b"\x7fELF")
