@@ -100,6 +100,7 @@ def test_the_library_script_trains_on_two_workers(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("epoch ")]
     assert len(lines) == 3 and "density 0.01" in lines[-1] and "bytes sent" in lines[-1]
+    assert lines[-1].endswith("checkpoint state of 2 ranks")  # every rank's compression state, not rank 0's alone
 
 
 def test_the_report_command_writes_where_the_readme_says_with_a_run_missing(tmp_path, monkeypatch, capsys):
