@@ -210,13 +210,13 @@ def test_multirun_sweep(tmp_path):
     ("optim.momentum=nan", "optim.momentum must be a number in [0, 1), got nan"),
     ("optim.momentum=2", "optim.momentum must be a number in [0, 1), got 2.0"),
     ("optim.momentum=-1", "optim.momentum must be a number in [0, 1), got -1.0"),
-    ("optim.weight_decay=nan", "optim.weight_decay must be a number in [0, 1000], got nan"),
-    ("optim.weight_decay=-1", "optim.weight_decay must be a number in [0, 1000], got -1.0"),
-    ("optim.lr=inf", "optim.lr must be a number in (0, 10000], got inf"),
-    ("optim.lr=1e45", "optim.lr must be a number in (0, 10000], got 1e+45"),
+    ("optim.weight_decay=nan", "optim.weight_decay must be a number >= 0, got nan"),
+    ("optim.weight_decay=-1", "optim.weight_decay must be a number >= 0, got -1.0"),
+    ("optim.lr=inf", "optim.lr must be a number > 0, got inf"),
+    ("optim.lr=0", "optim.lr must be a number > 0, got 0.0"),
     ("optim.warmup_epochs=nan", "optim.warmup_epochs must be a number >= 0, got nan"),
     ("optim.warmup_epochs=-1", "optim.warmup_epochs must be a number >= 0, got -1.0"),
-    ("optim.gamma=nan", "optim.gamma must be a number in (0, 1000], got nan"),
+    ("optim.gamma=nan", "optim.gamma must be a number > 0, got nan"),
     ("optim.milestones=[1,nan]", "each of optim.milestones must be a number >= 0, got [1.0, nan]"),
     ("data.eval_limit=0", "data.eval_limit must be an integer >= 1 or null, got 0"),
     ("data.eval_limit=-1", "data.eval_limit must be an integer >= 1 or null, got -1"),
@@ -246,7 +246,7 @@ def test_the_ranges_sit_beside_the_fields_and_let_the_valid_values_through():
                          "data.eval_limit=null", "timeout_s=1")  # fmt: skip
     check_ranges(cfg)  # nothing raised: groups, world_size and dict keys are settings; null is off
     cfg.optim.lr = float("nan")  # changed after it was made: the trainer's check sees it
-    with pytest.raises(ValueError, match="optim.lr must be a number in"):
+    with pytest.raises(ValueError, match="optim.lr must be a number > 0, got nan"):
         check_ranges(cfg)
 
 

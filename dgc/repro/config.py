@@ -175,11 +175,11 @@ class OptimConfig:
     #: decoupled weight decay; ``momentum`` and ``nesterov`` unused)
     name: str = "sgd"
     #: learning rate per worker; multiplied by the world size when ``scale_lr``
-    lr: float = ranged(0.1, 0, 1e4, low_open=True)
+    lr: float = ranged(0.1, 0, low_open=True)
     scale_lr: bool = True
     momentum: float = ranged(0.9, 0, 1, high_open=True)
     nesterov: bool = False
-    weight_decay: float = ranged(1e-4, 0, 1e3)
+    weight_decay: float = ranged(1e-4, 0)
     #: no weight decay on BatchNorm parameters and biases (tensors with dim <= 1)
     no_decay_1d: bool = False
     #: adamw: the decay rates of the first and second moment estimates
@@ -192,7 +192,7 @@ class OptimConfig:
     final_lr_ratio: float = ranged(0.0, 0, 1)
     #: epochs at which multistep multiplies the rate by ``gamma``
     milestones: list[float] = ranged([], 0)
-    gamma: float = ranged(0.1, 0, 1e3, low_open=True)
+    gamma: float = ranged(0.1, 0, low_open=True)
     #: linear learning-rate warm-up, in epochs
     warmup_epochs: float = ranged(0.0, 0)
     #: global gradient-norm clipping after aggregation (the dense baseline's clipping); null: off
