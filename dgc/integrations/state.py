@@ -11,6 +11,8 @@ which keeps each parameter's mean residual and momentum over ranks (nothing unse
 
 from __future__ import annotations
 
+import ctypes
+import io
 import logging
 from typing import Any
 
@@ -36,6 +38,31 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
+def _gather_on_first(obj: Any, comm: Any) -> list[Any] | None:
+    """Every rank's ``obj`` on the group's first rank (None on the others), each serialized by ``torch.save`` and sent
+    as bytes in tensors on the group's device. Not ``dist.gather_object``: it reads the bytes back through NumPy,
+    which the library does not require (a core install of dgc has torch alone)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=comm.device)
+    sizes = [torch.zeros_like(size) for _ in range(comm.world_size)]
+    dist.all_gather(sizes, size, group=comm.group)
+    longest = int(max(int(n) for n in sizes))
+    padded = torch.zeros(longest, dtype=torch.uint8, device=comm.device)
+    padded[: data.numel()] = data.to(comm.device)
+    first = dist.get_global_rank(comm.group, 0) if comm.group is not None else 0
+    rows = [torch.empty_like(padded) for _ in range(comm.world_size)] if comm.rank == 0 else None
+    dist.gather(padded, rows, dst=first, group=comm.group)
+    if rows is None:
+        return None
+    out = []
+    for row, n in zip(rows, sizes, strict=True):
+        host = row[: int(n)].cpu().contiguous()
+        out.append(torch.load(io.BytesIO(ctypes.string_at(host.data_ptr(), host.numel())), weights_only=True))
+    return out
+
+
 class EveryRank:
     """``state_dict()``: every rank's ``sync.state_dict()`` (gathered; call it on every rank);
     ``load_state_dict(state)``: this rank's own, remapped when the number of ranks changed."""
@@ -50,9 +77,7 @@ class EveryRank:
         comm = self.sync.comm
         if not comm.distributed or comm.world_size == 1:
             return {"format": FORMAT, "world_size": 1, "ranks": [mine]}
-        ranks = [None] * comm.world_size if comm.rank == 0 else None
-        dist.gather_object(mine, ranks, group=comm.group, group_dst=0)
-        return {"format": FORMAT, "world_size": comm.world_size, "ranks": ranks}
+        return {"format": FORMAT, "world_size": comm.world_size, "ranks": _gather_on_first(mine, comm)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format") != FORMAT:
