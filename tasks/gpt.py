@@ -6,7 +6,7 @@ four times as wide, learned position embeddings, a final LayerNorm and an output
 embedding. No dropout unless asked. Initialization is GPT-2's: normal(0, 0.02) for embeddings and weights,
 zero biases, and the two projections that write into the residual stream scaled by ``1 / sqrt(2 * layers)``.
 
-``gpt(vocab_size=50257, block_size=1024, layers=12, heads=12, width=768)`` is GPT-2 small: 124,439,808
+``GPT(vocab_size=50257, block_size=1024, layers=12, heads=12, width=768)`` is GPT-2 small: 124,439,808
 parameters (123,653,376 without the position embeddings, the count nanoGPT reports).
 """
 
@@ -96,15 +96,3 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
-
-
-def gpt(
-    vocab_size: int,
-    block_size: int = 64,
-    layers: int = 4,
-    heads: int = 4,
-    width: int = 128,
-    dropout: float = 0.0,
-    bias: bool = True,
-) -> GPT:
-    return GPT(vocab_size, block_size, layers, heads, width, dropout, bias)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import torchvision
-from dgc.tasks.gpt import gpt
+from dgc.tasks.gpt import GPT
 from dgc.tasks.rnn_models import deepspeech, lstm_lm
 from torch import nn
 
@@ -118,7 +118,7 @@ def torchvision_model(arch: str = "resnet50", num_classes: int = 1000, zero_init
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
 for _name, _builder in (("resnet_cifar", resnet_cifar), ("torchvision", torchvision_model),
                         ("fmnist_wide", FmnistWide), ("lstm_lm", lstm_lm), ("deepspeech", deepspeech),
-                        ("gpt", gpt)):  # fmt: skip
+                        ("gpt", GPT)):  # fmt: skip
     MODELS.add(_name, _builder)
 
 

@@ -18,16 +18,13 @@ from dgc.tasks.base import DataError
 from dgc.tasks.causal_lm import CausalLM
 from dgc.tasks.gpt import GPT
 from dgc.tasks.token_files import build_kjv_char, open_tokens
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
-from dgc.distributed import DistInfo
 from dgc.repro.config import Config
 from dgc.repro.trainer import ConfigError, Trainer, learning_rate
 from tests.runs import cli, records
+from tests.test_tasks_language import config, info
 
-CPU = torch.device("cpu")
 TINY_GPT = ["model.args.layers=1", "model.args.heads=2", "model.args.width=16", "model.args.block_size=8"]
 TEXT = "in the beginning god created the heaven and the earth. and the earth was without form, and void.\n"
 
@@ -51,16 +48,6 @@ def write_tokens(root: Path, train: int = 4000, val: int = 600, test: int | None
     if meta:
         (root / "meta.json").write_text(json.dumps({"vocab_size": vocab, "unit": "char"}))
     return root
-
-
-def config(*overrides: str) -> Config:
-    with initialize_config_module("dgc.conf", version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
-
-
-def info(rank: int = 0, world_size: int = 1) -> DistInfo:
-    return DistInfo(rank, world_size, rank, CPU, None)
 
 
 def tiny(root: Path, *overrides: str) -> Config:
