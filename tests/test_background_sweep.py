@@ -121,3 +121,24 @@ def test_a_fresh_machine_resumes_an_unfinished_run_at_the_commit_it_started_with
     assert pin() == head  # an empty record (what start once left: it created the file before pin read it) is none
     (repo / "runs" / "bg" / "commit").write_text(f"{first}\n")
     assert pin() == first  # a queue under way here keeps its own
+
+
+def test_keep_commits_no_more_checkpoints_than_a_submission_can_hold(repo):
+    """A submission's diffs hold at most 256 MiB, a binary counting whole each time it changes: past the budget
+    (checkpoints committed in the last 3 hours), keep leaves the unfinished runs out, in one line, and still keeps
+    the finished ones."""
+    half = run_dir(repo, "half", finished=False)
+    env = {**os.environ, **GIT_ENV, "KEEP_BUDGET_BYTES": "100"}
+    first = subprocess.run(["bash", "tools/background-sweep.sh", "keep"], cwd=repo, env=env, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert first.returncode == 0 and "unfinished results/runs/t/half" in first.stdout, first.stdout + first.stderr
+    (half / "checkpoint.pt").write_bytes(os.urandom(64))  # the run went on: 64 bytes more, 128 with the first
+    (half / "metrics.jsonl").write_text("later\n")
+    run_dir(repo, "done", finished=True)
+    second = subprocess.run(["bash", "tools/background-sweep.sh", "keep"], cwd=repo, env=env, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert "not keeping the unfinished runs (results/runs/t/half)" in second.stdout
+    assert "finished results/runs/t/done; unfinished (none)" in second.stdout
+    assert git(repo, "show", "HEAD:results/runs/t/half/metrics.jsonl") == "half metrics.jsonl\n"  # as first kept
+    assert not git(repo, "status", "--porcelain", "--", "results/runs/t/done").strip()

@@ -19,8 +19,12 @@
 # worktree (its .venv of hard links into uv's cache) is removed and made again, in ~20 s, by the next `start`.
 # A session's machine may not be the next session's: `keep` (after `stop`, or while running: a snapshot) commits
 # each unfinished run's checkpoint.pt with its config, env and metrics (git add -f: checkpoints are otherwise
-# ignored; ~12 MB for a speech run), and for each finished run its files without the checkpoint (a checkpoint
-# committed earlier is removed from git), so that the next session's `start` resumes from what landed.
+# ignored; ~12 MB for a speech run, ~30 MB for a kjv_gpt one), and for each finished run its files without the
+# checkpoint (a checkpoint committed earlier is removed from git), so that the next session's `start` resumes from
+# what landed. A session's submission may hold at most 256 MiB of diffs, a binary file counting whole each time it is
+# added, changed or removed: keep commits checkpoints only while those committed in the last 3 hours (a session)
+# stay within KEEP_BUDGET_BYTES (96 MiB), and otherwise keeps the finished runs alone and says so. Keep once, at the
+# end of a session (a snapshot in the middle costs as much again).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -95,11 +99,18 @@ stop() {
     git worktree prune
 }
 
+# The bytes of the blobs named in `git diff --raw` lines on stdin (the old and the new side: a changed or removed
+# binary counts whole in a submission's diffs).
+blob_bytes() {
+    awk '{print $3; print $4}' | { grep -v '^0*$' || true; } | sort -u | while read -r blob; do git cat-file -s "$blob"; done |
+        awk '{s += $1} END {print s + 0}'
+}
+
 keep() {
     # While the sweep runs, keep commits a snapshot: the state a kill at this moment would leave, which resumes
     # exactly (git reads a checkpoint whole, as the trainer renames a finished one into place; a resumed run drops
-    # the log records written after its checkpoint). Keep early in a session: a session cut off before it keeps
-    # loses what its runs did since the last keep.
+    # the log records written after its checkpoint). Keep once, late in a session but before it may be cut off: a
+    # session cut off before it keeps loses what its runs did since the last keep.
     if running; then echo "the sweep is running: keeping a snapshot of its runs (it goes on; a resume starts there)"; fi
     local dir kept=() done=()
     for dir in results/runs/*/*/; do
@@ -113,6 +124,16 @@ keep() {
             git add -f -- "$dir/checkpoint.pt" "$dir/config.yaml" "$dir/env.json" "$dir/metrics.jsonl"; kept+=("$dir")
         fi
     done
+    if [[ ${#kept[@]} -gt 0 ]]; then
+        local budget=${KEEP_BUDGET_BYTES:-100663296} used pending
+        used=$(git log --since="${KEEP_WINDOW:-3 hours ago}" --format= --raw --no-abbrev -- 'results/runs/*/*/checkpoint.pt' | blob_bytes)
+        pending=$(git diff --cached --raw --no-abbrev -- 'results/runs/*/*/checkpoint.pt' | blob_bytes)
+        if (( used + pending > budget )); then
+            git reset -q -- "${kept[@]}"
+            echo "not keeping the unfinished runs (${kept[*]}): their checkpoints ($((pending >> 20)) MiB) and those committed in the last 3 hours ($((used >> 20)) MiB) exceed KEEP_BUDGET_BYTES ($((budget >> 20)) MiB; a submission's diffs may hold 256 MiB); they resume from their last kept checkpoint"
+            kept=()
+        fi
+    fi
     if [[ ${#kept[@]} -eq 0 && ${#done[@]} -eq 0 ]] || git diff --cached --quiet; then echo "nothing to keep"; return 0; fi
     git commit -q -m "background sweep: finished ${done[*]:-(none)}; unfinished, kept with its checkpoint for the next session: ${kept[*]:-(none)}"
     echo "committed: finished ${done[*]:-(none)}; unfinished ${kept[*]:-(none)}"
