@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # Debian packages holding the offline data sets (installed when root with apt)
 DEB_DATA := dataset-fashion-mnist bible-kjv-text bible-kjv espeak-ng pocketsphinx-testdata
 
-.PHONY: help install lock demo elastic-demo overlap-demo data test test-torch-floor test-slurm-cluster test-all lint format bench bench-cluster gpu-check chaos clean
+.PHONY: help install lock demo elastic-demo overlap-demo data test test-torch-floor test-slurm-cluster test-all identity lint format bench bench-cluster gpu-check chaos clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ test-slurm-cluster: install ## (root, apt) a real launch/slurm/local_cluster.sh 
 
 test-all: install ## every test, including slow and GPU-marked ones
 	$(PY) -m pytest -q
+
+identity: install ## bit-identity of the library against results/identity/after-sync-rebuild.json: 84 set-ups, 2 gloo ranks, 20 steps each (gradients, state, weights, step stats); ~1 min
+	$(PY) tools/step_fingerprints.py --compare results/identity/after-sync-rebuild.json
 
 lint: ## ruff check and format check; every tensor the library builds says its device (tools/check_devices.py)
 	$(VENV)/bin/ruff check dgc tests tasks launch conf tools examples

@@ -16,7 +16,7 @@ try:
     from dgc.policy import Policy
     from dgc.stats import StepStats
     from dgc.sync import GradientSync
-    from dgc.sync_config import SyncConfig
+    from dgc.sync.config import SyncConfig
 except ModuleNotFoundError as _missing:
     # ``python -m dgc.<command>`` (sys.argv[0] is "-m" while the package loads) with a Python that lacks the
     # project's environment: one line saying which, not a traceback; an ``import dgc`` gets the ImportError

@@ -50,11 +50,10 @@ class SGD(torch.optim.Optimizer):
             raise ValueError("nesterov needs momentum > 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay))
         self.sync = sync
-        self._group_key: tuple[int, int] | None = None
         self._skipped_step = -1
         self._seen: object = None  # the sync's StepStats of the last step taken
         self._loaded = False  # load_state_dict ran: a resumed run
-        sync.bind_optimizer(self)
+        sync.bind_optimizer(self)  # each step, the sync reads momentum, weight decay and lr from param_groups
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -79,22 +78,6 @@ class SGD(torch.optim.Optimizer):
             )
         if has_grads:
             self._seen = last
-
-    def _group(self, param: torch.Tensor) -> dict[str, Any]:
-        # param_groups is replaced by load_state_dict and grows with add_param_group: re-index then
-        key = (id(self.param_groups), len(self.param_groups))
-        if key != self._group_key:
-            self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
-            self._group_key = key
-        return self._group_of[id(param)]
-
-    def hyper(self, param: torch.Tensor) -> tuple[float, bool, float]:
-        group = self._group(param)
-        return float(group["momentum"]), bool(group["nesterov"]), float(group["weight_decay"])
-
-    def learning_rate(self, param: torch.Tensor) -> float:
-        """The rate ``param`` is stepped with now (its group's ``lr``, as a scheduler left it)."""
-        return float(self._group(param)["lr"])
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 - torch's signature

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dgc.openstep import OpenStep
 from dgc.sync import GradientSync
+from dgc.sync.step import OpenStep
 
 
 def bucket_pairs(buffer: torch.Tensor, params: list[torch.Tensor], grads: list[torch.Tensor]

@@ -2,7 +2,7 @@
 
 A sparse method exchanges its selection in one allgather; the tensors its policy leaves dense go in an allreduce of
 their own (:func:`dgc.compressors.dense.allreduce_dense`), and before either the workers agree in one more small
-allreduce on whether any gradient is not finite and what was requested (:mod:`dgc.guard`). Each collective costs
+allreduce on whether any gradient is not finite and what was requested (:mod:`dgc.sync`). Each collective costs
 at least one network latency per hop: a ring allreduce ``2 (N-1)``, an allgather ``N-1``. Between regions (tens of
 ms a message) that latency, not the bytes, is the step: ``results/bench/frontier-projection.md`` prices each of the
 two allreduces at 180 ms on 4 workers at 30 ms.
@@ -98,7 +98,7 @@ def carry(op: Collective, dense: torch.Tensor) -> tuple[Collective, Callable[[An
 class Rider:
     """What rides in the step's first collective that can carry it: the values left dense (``items``, sent in
     ``dtype`` through ``bucket``, None when there are none; their average is written into their gradients) and, with
-    ``sync.pack=all``, the agreement's flags (:mod:`dgc.guard`: 0 or 1 each; :attr:`agreed` holds their mean over the
+    ``sync.pack=all``, the agreement's flags (:mod:`dgc.sync`: 0 or 1 each; :attr:`agreed` holds their mean over the
     workers, on the device, once they have travelled: above 0 where any worker raised one)."""
 
     def __init__(self, items: list[Item], dtype: torch.dtype, bucket: Bucket | None, flags: torch.Tensor | None,

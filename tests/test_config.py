@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from dgc.conf import options
 from dgc.tasks.models import MODELS
+from dgc.tasks.tiny_data import write_fmnist
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
@@ -20,7 +21,6 @@ import dgc
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
 from dgc.repro import locate, presets
 from dgc.repro.config import Config
-from tests.datafiles import write_fmnist
 
 TASKS = options("task")
 COMPRESSORS = options("compression")

@@ -226,7 +226,7 @@ def test_sync_config_auto(tmp_path: Path) -> None:
     import torch
 
     import dgc
-    from dgc.sync_config import SyncConfig
+    from dgc.sync.config import SyncConfig
 
     report = report_file(tmp_path)
     model = torch.nn.Linear(1000, 1000)
@@ -234,7 +234,7 @@ def test_sync_config_auto(tmp_path: Path) -> None:
     best, why = cfg.choose(model, dgc.build_compressor("dgc"), SimpleNamespace(world_size=1024))
     assert best == "hierarchical" and why.startswith("exchange=auto chose hierarchical")
     assert cfg.choose(model, dgc.build_compressor("fp16"), SimpleNamespace(world_size=1024))[0] == "flat"
-    sync = cfg.build(model, dgc.build_compressor("dgc"))  # one process: nothing to exchange
+    sync = dgc.GradientSync.from_config(cfg, model, dgc.build_compressor("dgc"))  # one process: nothing to exchange
     assert sync.exchange.name == "flat" and "one rank" in sync.exchange_reason
     with pytest.raises(
         ValueError, match="sync.exchange must be one of flat, densify, hierarchical, sparse_allreduce, auto"

@@ -14,7 +14,7 @@ import pytest
 from dgc.costmodel import e2e, hardware
 from dgc.costmodel.__main__ import main
 from dgc.costmodel.hardware import PROFILES, RESNET50
-from dgc.guard import AGREEMENT_BYTES
+from dgc.sync.agreement import AGREEMENT_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 IB, ETH1 = PROFILES["h100-ib400"], PROFILES["h100-eth1"]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from dgc.tasks.tiny_data import write_fmnist
 from torch.nn.parallel import DistributedDataParallel
 
 import dgc
 from dgc.comm import Comm
 from dgc.repro.config import EXIT_INTERRUPTED
-from tests.datafiles import write_fmnist
 from tests.devices import DGC, SITECUSTOMIZE, HostTensorGuard
 from tests.multiproc import run
 from tests.runs import TINY, cli

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dgc.tasks.tiny_data import write_fmnist
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
@@ -15,7 +16,6 @@ import dgc.train  # noqa: F401  (registers the schema the configs start from)
 from dgc import elastic
 from dgc.distributed import init_distributed
 from dgc.repro.trainer import ConfigError, Trainer
-from tests.datafiles import write_fmnist
 from tests.runs import TINY, cli, load
 
 

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 import dgc
-from dgc.guard import AGREEMENT_BYTES
 from dgc.localbus import SharedMemoryError
+from dgc.sync.agreement import AGREEMENT_BYTES
 from dgc.topology import Topology
 from tests.multiproc import run
 from tests.test_sync_dist import local_backward, make_model, params
@@ -439,3 +439,28 @@ def test_sparse_allreduce_trains_dgc_identically_on_every_rank():
         for a, b in zip(outs[0]["params"], out["params"], strict=True):
             assert torch.equal(a, b)
     assert sum(outs[0]["losses"][-4:]) < sum(outs[0]["losses"][:4])
+
+
+def _one_bit_dense_by_machine(rank: int, world: int) -> list[list[float]]:
+    """2 machines x 2 ranks: the bias (left dense, 1-bit) of machine 0's ranks is [1, 1, 1, 1] and [3, -1, 3, -1]
+    (mean [2, 0, 2, 0]), of machine 1's [0, 2, 0, 2] on both; two steps, the same gradients."""
+    layer = torch.nn.Linear(3, 4)
+    sync = dgc.GradientSync(layer, dgc.build_compressor("topk", density=0.5), exchange="hierarchical",
+                            ranks_per_node=2, policy=dgc.Policy(dense_values="1bit"))  # fmt: skip
+    bias = {0: [1.0, 1, 1, 1], 1: [3.0, -1, 3, -1], 2: [0.0, 2, 0, 2], 3: [0.0, 2, 0, 2]}[rank]
+    got = []
+    for _ in range(2):
+        layer.weight.grad = torch.ones_like(layer.weight)
+        layer.bias.grad = torch.tensor(bias)
+        sync.step()
+        got.append(layer.bias.grad.tolist())
+    return got
+
+
+def test_one_bit_dense_values_go_by_machine_under_hierarchical():
+    """Under exchange=hierarchical the 1-bit dense values are each machine's exact mean, compressed between the
+    machines (each rank its shard: [2, 0] on machine 0, [0, 2] on machine 1, one scale each), not each rank's own
+    values over all 4 ranks (which gave [1.25, 0.25, 1.25, 0.25]). Error feedback is by machine too: step 2 sends
+    [2, -2] and [-2, 2], whose mean is 0."""
+    for got in run(_one_bit_dense_by_machine, 4):
+        assert got == [[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]

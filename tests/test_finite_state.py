@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from dgc.tasks.tiny_data import write_fmnist
 
 from dgc.repro import checkpoint
 from dgc.repro.config import EXIT_DIVERGED, EXIT_USER
-from tests.datafiles import write_fmnist
 from tests.runs import TINY, cli, load
 
 RUN = [*TINY, "data.limit=64", "data.eval_limit=16", "train.log_every=1", "train.checkpoint_every=1"]

@@ -83,7 +83,7 @@ def test_sparseloco_compresses_every_tensor_and_demo_divides_by_the_senders():
     with initialize_config_module("dgc.conf", version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=["task=fmnist_resnet20", "compression=sparseloco"]))
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
-    sync = cfg.sync.build(model, dgc.build_compressor(cfg.compression))
+    sync = dgc.GradientSync.from_config(cfg.sync, model, dgc.build_compressor(cfg.compression))
     assert all(sync.is_compressed(p) for p in model.parameters())
     assert dgc.build_compressor("demo").config.mean == "senders"
     image = _configs("cpu-frontier")

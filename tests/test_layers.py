@@ -23,3 +23,20 @@ def test_the_library_core_and_the_tasks_import_nothing_above_them():
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)
     assert found == {"core": [], "tasks": []}
+
+
+def test_no_module_of_the_package_imports_the_tests():
+    """Every import of every module under dgc/ and tasks/ (read with ast, not sampled): none names ``tests``, which a
+    wheel does not ship (``make gpu-check``'s data writers live in dgc.tasks.tiny_data)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted([*root.joinpath("dgc").rglob("*.py"), *root.joinpath("tasks").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            found += [f"{path.relative_to(root)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "tests"]
+    assert found == []

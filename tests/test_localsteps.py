@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dgc.tasks.tiny_data import write_fmnist
 
 import dgc
 from dgc.comm import Comm
@@ -15,7 +16,6 @@ from dgc.compressors.base import Item
 from dgc.compressors.sparseloco import dequantize2, pack2, quantize2, unpack2
 from dgc.repro.config import EXIT_DIVERGED, EXIT_INTERRUPTED
 from dgc.timing import Phases
-from tests.datafiles import write_fmnist
 from tests.multiproc import run
 from tests.runs import TINY, assert_same_training, cli, load, records
 

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dgc.tasks.tiny_data import write_fmnist
+
 from dgc.repro import report
-from tests.datafiles import write_fmnist
 
 TINY = ["train.max_steps=2", "data.limit=64", "data.eval_limit=32", "train.batch_size=8", "train.eval_batch_size=32"]
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import dgc
+from dgc.sync.step import hypers_of
 
 
 def _model(seed=0):
@@ -81,8 +82,9 @@ def test_matches_torch_sgd_with_param_groups():
 
     sync = dgc.GradientSync(model, dgc.build_compressor("none"))
     opt = dgc.SGD(groups(model), sync, lr=0.1, momentum=0.5)
-    assert opt.hyper(model[0].weight) == (0.9, True, 0.0)
-    assert opt.hyper(model[2].bias) == (0.5, False, 0.1)
+    hypers = hypers_of(opt.param_groups)  # what a step reads from the groups
+    assert hypers[id(model[0].weight)] == (0.9, True, 0.0, 0.1)
+    assert hypers[id(model[2].bias)] == (0.5, False, 0.1, 0.01)
     got = _run(model, opt, 6, sync)
     want = _run(ref, torch.optim.SGD(groups(ref), lr=0.1, momentum=0.5), 6)
     for g, w in zip(got, want):
@@ -172,10 +174,10 @@ def test_binds_itself_to_the_sync():
     sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.1))
     opt = dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9, weight_decay=1e-3)
     assert sync.optimizer is opt
-    assert opt.hyper(model[0].weight) == (0.9, False, 1e-3)
+    assert step_hyper(sync, model[0].weight) == (0.9, False, 1e-3, 0.1)
 
 
-def test_hyper_follows_loaded_param_groups():
+def test_the_step_reads_the_live_param_groups():
     model = _model()
     sync = dgc.GradientSync(model, dgc.build_compressor("dgc", density=0.1))
     opt = dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)
@@ -184,7 +186,13 @@ def test_hyper_follows_loaded_param_groups():
     opt.load_state_dict(state)
     assert opt.param_groups[0]["momentum"] == 0.5
     opt.param_groups[0]["weight_decay"] = 1e-3  # e.g. a scheduler writing to the live groups
-    assert opt.hyper(model[0].weight) == (0.5, False, 1e-3)
+    assert step_hyper(sync, model[0].weight) == (0.5, False, 1e-3, 0.1)
     extra = torch.nn.Parameter(torch.zeros(3, 3))
     opt.add_param_group({"params": [extra], "momentum": 0.7})
-    assert opt.hyper(extra) == (0.7, False, 0.0)
+    assert step_hyper(sync, extra) == (0.7, False, 0.0, 0.1)
+
+
+def step_hyper(sync, param):
+    """The hyperparameters a step of ``sync`` runs ``param`` with: read from the bound optimizer's live groups when
+    the step begins."""
+    return tuple(sync.begin(parts=False).hypers[id(param)])

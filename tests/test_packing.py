@@ -19,7 +19,7 @@ from dgc.collectives import Allgather, AllgatherBytes, AllreduceMax, AllreduceMe
 from dgc.compressors.base import Compressor, CompressorConfig, Item
 from dgc.packing import carry
 from dgc.sync import PACKS
-from dgc.sync_config import SyncConfig
+from dgc.sync.config import SyncConfig
 from dgc.timing import Phases
 from tests.multiproc import run
 from tests.test_sync_dist import local_backward, make_model, params, train_loop

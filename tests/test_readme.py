@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.datafiles import write_fmnist
+from dgc.tasks.tiny_data import write_fmnist
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

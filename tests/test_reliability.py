@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from dgc.tasks.tiny_data import write_fmnist
 
 from dgc.repro import checkpoint
 from dgc.repro.config import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_STALLED, EXIT_USER
 from tests import privatefs
-from tests.datafiles import write_fmnist
 from tests.runs import TINY, assert_same_training, cli, load, records
 
 #: 96 images / (2 ranks x 4) = 12 steps per epoch; 16 steps cross an epoch end; a checkpoint every 3 steps

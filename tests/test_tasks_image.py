@@ -15,13 +15,13 @@ from dgc.conf import options
 from dgc.tasks import build_task
 from dgc.tasks.image_data import DataError, cifar10, fmnist, imagefolder, read_idx
 from dgc.tasks.models import build_model
+from dgc.tasks.tiny_data import write_cifar10, write_fmnist, write_imagefolder
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import dgc.train  # noqa: F401  (registers the schema the configs start from)
 from dgc.distributed import init_distributed
 from dgc.repro.trainer import Trainer
-from tests.datafiles import write_cifar10, write_fmnist, write_imagefolder
 
 
 def compose_config(*overrides: str):

@@ -19,6 +19,7 @@ import torch
 from dgc.tasks.language_modeling import LanguageModeling, batchify, perplexity
 from dgc.tasks.rnn_models import lstm_lm
 from dgc.tasks.text_corpora import build_kjv, kjv_splits, kjv_verses, ptb_normalize, read_tokens
+from dgc.tasks.tiny_data import write_ptb
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from torch import nn
@@ -32,23 +33,6 @@ from tests.runs import records
 CPU = torch.device("cpu")
 TINY_MODEL = ["model.args.embed=16", "model.args.hidden=16", "model.args.layers=1"]
 needs_bible = pytest.mark.skipif(shutil.which("bible") is None, reason="needs Debian bible-kjv")
-
-SENTENCES = [
-    "the cat sat on the mat",
-    "a dog ran in the park",
-    "the dog sat on the cat",
-    "we like the park",
-    "a cat ran on the mat",
-]
-
-
-def write_ptb(root: Path, repeat: int = 8) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    train = [s for _ in range(repeat) for s in SENTENCES]
-    (root / "ptb.train.txt").write_text("".join(f" {s} \n" for s in train))
-    (root / "ptb.valid.txt").write_text(" the cat ran in the park \n we like the mat \n")
-    (root / "ptb.test.txt").write_text(" a dog sat on the mat \n the cat ran \n")
-    return root
 
 
 def config(*overrides: str) -> Config:

@@ -34,6 +34,7 @@ from dgc.tasks.speech_data import (
     wer,
 )
 from dgc.tasks.speech_data import edit_distance as ed
+from dgc.tasks.tiny_data import SR, TEXTS, tone, write_an4, write_librispeech
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
@@ -43,54 +44,8 @@ from dgc.repro.config import Config
 from dgc.repro.tables import SPEECH_CHOSEN, get_table
 from dgc.repro.trainer import ConfigError, Trainer
 
-SR = 16_000
 TINY_MODEL = ["model.args.hidden=16", "model.args.layers=1", "model.args.conv_channels=4"]
 RUN = ["device=cpu", "train.batch_size=2", "train.eval_batch_size=4", "train.max_steps=2", "train.progress=false"]
-TEXTS = ["yes", "no way", "go left now", "stop", "it's here", "one two three", "red and blue", "up"]
-
-
-def tone(rng: np.random.Generator, k: int) -> np.ndarray:
-    n = int(SR * (0.3 + 0.05 * (k % 6)))
-    t = np.arange(n) / SR
-    x = 0.3 * np.sin(2 * np.pi * (200 + 90 * k) * t) + 0.02 * rng.standard_normal(n)
-    return x.astype(np.float32)
-
-
-def write_librispeech(root: Path, splits: dict[str, int], ext: str = "flac", seed: int = 0) -> Path:
-    """``<root>/<split>/<speaker>/<chapter>/<spk>-<chap>-<utt>.<ext>`` + ``<spk>-<chap>.trans.txt``."""
-    rng = np.random.default_rng(seed)
-    for s, (split, n) in enumerate(splits.items()):
-        for spk in (19 + s, 26 + s):
-            folder = root / split / str(spk) / "198"
-            folder.mkdir(parents=True, exist_ok=True)
-            lines = []
-            for u in range(n // 2):
-                k = (spk + u) % len(TEXTS)
-                uid = f"{spk}-198-{u:04d}"
-                sf.write(folder / f"{uid}.{ext}", tone(rng, k), SR, subtype="PCM_16")
-                lines.append(f"{uid} {TEXTS[k].upper()}")
-            (folder / f"{spk}-198.trans.txt").write_text("\n".join(lines) + "\n")
-    return root
-
-
-def write_an4(root: Path, n_train: int = 6, n_test: int = 4, seed: int = 0) -> Path:
-    """Sphinx layout: etc/an4_{split}.fileids/.transcription, wav/<fileid>.raw (16-bit big-endian)."""
-    rng = np.random.default_rng(seed)
-    (root / "etc").mkdir(parents=True, exist_ok=True)
-    for split, n, top in (("train", n_train, "an4_clstk"), ("test", n_test, "an4test_clstk")):
-        ids, trans = [], []
-        for u in range(n):
-            k = u % len(TEXTS)
-            uid = f"an{300 + u}-fash-b"
-            fid = f"{top}/fash/{uid}"
-            (root / "wav" / top / "fash").mkdir(parents=True, exist_ok=True)
-            pcm = (tone(rng, k) * 32767).astype(">i2")
-            (root / "wav" / f"{fid}.raw").write_bytes(pcm.tobytes())
-            ids.append(fid)
-            trans.append(f"<s> {TEXTS[k].upper()} </s> ({uid})")
-        (root / "etc" / f"an4_{split}.fileids").write_text("\n".join(ids) + "\n")
-        (root / "etc" / f"an4_{split}.transcription").write_text("\n".join(trans) + "\n")
-    return root
 
 
 def config(*overrides: str) -> Config:

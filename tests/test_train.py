@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from dgc.tasks.tiny_data import write_fmnist
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
@@ -22,7 +23,6 @@ from dgc.distributed import init_distributed
 from dgc.repro import residual as residual_tool
 from dgc.repro.config import Config, config_from_dict
 from dgc.repro.trainer import ConfigError, Trainer, learning_rate
-from tests.datafiles import write_fmnist
 from tests.runs import TINY, assert_same_training, cli, load, records
 
 

@@ -20,8 +20,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from dgc.tasks.tiny_data import write_fmnist
 
-from tests.datafiles import write_fmnist
 from tests.runs import TINY
 from tests.test_readme import README, blocks, section
 

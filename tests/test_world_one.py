@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 
 import torch.distributed as dist
+from dgc.tasks.tiny_data import write_fmnist
 from torch.nn.parallel import DistributedDataParallel
 
 import dgc
 from dgc.distributed import COLLECTIVES_AT_WORLD_1
-from tests.datafiles import write_fmnist
 from tests.multiproc import run
 from tests.runs import TINY, assert_same_training, cli
 from tests.test_devices import train

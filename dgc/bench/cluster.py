@@ -320,7 +320,7 @@ def run_exchange(args: argparse.Namespace, methods: list[str], info) -> dict[str
         start += p.numel()
     syncs, specs = {}, {name: configuration(name) for name in methods}
     for name, spec in specs.items():
-        sync = spec.sync.build(model, dgc.build_compressor(spec.compression))
+        sync = dgc.GradientSync.from_config(spec.sync, model, dgc.build_compressor(spec.compression))
         dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)  # gives DGC its momentum
         syncs[name] = sync
     gen = seeding.generator(args.seed, info.rank)

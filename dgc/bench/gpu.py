@@ -88,9 +88,14 @@ def _writers() -> SimpleNamespace:
     """The tiny data writers of the checkout's tests/ (an installed package has none)."""
     sys.path.insert(0, str(ROOT))
     try:
-        from tests.datafiles import write_cifar10, write_fmnist, write_imagefolder
-        from tests.test_tasks_language import write_ptb
-        from tests.test_tasks_speech import write_an4, write_librispeech
+        from dgc.tasks.tiny_data import (
+            write_an4,
+            write_cifar10,
+            write_fmnist,
+            write_imagefolder,
+            write_librispeech,
+            write_ptb,
+        )
     except ImportError as exc:
         raise BenchError(f"the tiny data writers live in the checkout's tests/ ({exc}); run from a checkout") from None
     finally:

@@ -131,7 +131,7 @@ def single_process_sync(model: torch.nn.Module, name: str, density: float | None
     :class:`dgc.SGD` bound to it for DGC's momentum) and the parameters it exchanges."""
     spec = configuration(name, density)
     comp = dgc.build_compressor(spec.compression)
-    sync = spec.sync.build(model, comp)
+    sync = dgc.GradientSync.from_config(spec.sync, model, comp)
     dgc.SGD(model.parameters(), sync, lr=0.1, momentum=0.9)  # gives dgc its momentum
     return comp, sync, [p for _, p in sync.params]
 

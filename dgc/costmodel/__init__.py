@@ -22,8 +22,8 @@ scheduling and the network's delay):
   allgathers (lengths, kept entries): ``4 (N-1) alpha + V (N-1)/N / B``, where V, the sparse bytes a
   rank receives, does not grow with N (about 2k entries).
 
-Every method's step also starts with the workers' agreement (:mod:`dgc.guard`: a non-finite gradient anywhere, stop
-and checkpoint requests), one allreduce of :data:`~dgc.guard.AGREEMENT_BYTES` over all N ranks: ``2 (N-1) alpha``
+Every method's step also starts with the workers' agreement (:mod:`dgc.sync`: a non-finite gradient anywhere, stop
+and checkpoint requests), one allreduce of :data:`~dgc.sync.AGREEMENT_BYTES` over all N ranks: ``2 (N-1) alpha``
 and a few bytes; ``exchange=hierarchical`` agrees by machine (inside it, then among the M machines: ``2 (M-1)
 alpha``). The cluster bench's ``communicate_s`` includes it (it times :meth:`GradientSync.step`; each run records
 its exchange's ``agreement``), so the calibration counts it, as each run made it; left out, the fitted alpha would
@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dgc.guard import AGREEMENT_BYTES
+from dgc.sync.agreement import AGREEMENT_BYTES
 
 RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 

@@ -34,7 +34,7 @@ Steps (T = the compute of one step on one GPU, a fraction ``backward`` of it the
   become ready as the backward pass produces them (assumed: uniformly in bytes over the backward pass); one
   communication stream runs them in order; the step ends when the compute and the last bucket are done. bf16 adds
   a cast pass each way.
-* ``dgc``: the serial hook: after the backward pass, the workers' agreement (:data:`dgc.guard.AGREEMENT_BYTES`: a
+* ``dgc``: the serial hook: after the backward pass, the workers' agreement (:data:`dgc.sync.AGREEMENT_BYTES`: a
   non-finite gradient anywhere, stop and checkpoint requests; one small allreduce), compress, exchange, decode:
   nothing is hidden. Every DGC method pays the agreement before each exchange (the overlapped one before each
   bucket; the hierarchical one inside the machine, then between machines); DDP has none.
@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from dgc.guard import AGREEMENT_BYTES
+from dgc.sync.agreement import AGREEMENT_BYTES
 
 MiB = 2**20
 
@@ -216,7 +216,7 @@ def _intra_s(p: Profile, nbytes: float) -> float:
 
 
 def agreement_s(p: Profile, machines: int, by_machine: bool = False) -> float:
-    """The workers' agreement before a DGC exchange (:data:`dgc.guard.AGREEMENT_BYTES`): one allreduce over every GPU,
+    """The workers' agreement before a DGC exchange (:data:`dgc.sync.AGREEMENT_BYTES`): one allreduce over every GPU,
     or by machine (inside it, then R rings of the M machines in parallel: ``exchange=hierarchical``)."""
     if not by_machine:
         return allreduce_s(p, AGREEMENT_BYTES, machines)

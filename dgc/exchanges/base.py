@@ -55,16 +55,22 @@ class Exchange:
         """Exchange the compressed tensors: the compressor's steps, every collective on all the workers."""
         drive(compressor.steps(items, phases), self.comm)
 
-    def dense(self, items: list[Item], phases: Phases, dtype: torch.dtype) -> None:
-        """Average the tensors the policy leaves dense (biases, BatchNorm): one allreduce in ``dtype``."""
-        allreduce_dense(items, self.comm, phases, dtype, self.buckets)
+    def dense(self, items: list[Item], phases: Phases, values: torch.dtype | Compressor) -> None:
+        """Average the tensors the policy leaves dense (biases, BatchNorm) in their format: one allreduce in a dtype,
+        or through a compressor of their own (1-bit with error feedback: its collectives on all the workers)."""
+        if isinstance(values, Compressor):
+            drive(values.steps(items, phases), self.comm)
+        else:
+            allreduce_dense(items, self.comm, phases, values, self.buckets)
 
     def agree_max_(self, flags: torch.Tensor) -> torch.Tensor:
-        """The step's agreement (:mod:`dgc.guard`): ``flags``, in place, the element-wise maximum over every worker;
-        one small allreduce over all of them."""
+        """The step's agreement (:mod:`dgc.sync.agreement`): ``flags``, in place, the element-wise maximum over every
+        worker; one small allreduce over all of them."""
         return self.comm.allreduce_max_(flags)
 
-    def run_packed(self, compressor: Compressor, items: list[Item], rider: Rider) -> None:
+    def run_packed(self, compressor: Compressor, items: list[Item], rider: Rider) -> torch.Tensor | None:
         """:meth:`run` with ``rider`` (the values left dense, the agreement's flags) in the compressor's first
-        collective that can carry it (:mod:`dgc.packing`); ``flat`` only (``sync.pack``)."""
+        collective that can carry it (:mod:`dgc.packing`); ``flat`` only (``sync.pack``). Returns the mean of the
+        flags the rider carried over the workers (None: it carried none)."""
         drive(carry_rider(compressor.steps(items, rider.phases), rider), self.comm)
+        return rider.agreed

@@ -105,15 +105,20 @@ class Hierarchical(Exchange):
         if not compressor.shardable:
             self._run_whole(compressor, items, phases)
             return
-        shard = self._mean_shard("sparse", items, items[0].grad.dtype)  # this rank's 1/R of the mean
+        self._run_shards(compressor, items, phases, "sparse")
+
+    def _run_shards(self, compressor: Compressor, items: list[Item], phases: Phases, key: str) -> None:
+        """Each rank compresses its 1/R of the machine's mean between the machines; the machine's ranks then share
+        the shards (``key`` names the bus's buffers)."""
+        shard = self._mean_shard(key, items, items[0].grad.dtype)  # this rank's 1/R of the mean
         lo = self.topology.local_rank * shard.numel()
         drive(compressor.steps(_pieces(items, lo, lo + shard.numel(), shard), phases), self.cross)
         if isinstance(compressor, SparseCompressor):
             # the shard now holds its average over the machines: sparse (the union of M selections), so only its
             # nonzero entries need to reach the machine's other ranks
-            whole = self.bus.share_sparse("sparse", shard, compressor.wire.indices)
+            whole = self.bus.share_sparse(key, shard, compressor.wire.indices)
         else:  # a dense result: the machine's ranks share the shards
-            whole = self.bus.share("sparse", shard)
+            whole = self.bus.share(key, shard)
         with phases("decompress"):
             copy_back(items, whole.to(items[0].grad.dtype))
 
@@ -155,14 +160,18 @@ class Hierarchical(Exchange):
                 laid.append(Item(f"@pad{j}", pads[j], pads[j]))
         return laid, size
 
-    def dense(self, items: list[Item], phases: Phases, dtype: torch.dtype) -> None:
-        """The dense tensors too go by machine: reduce-scatter inside, allreduce of the shards between machines
-        (R small rings sharing each link instead of one ring over all N ranks), allgather inside."""
+    def dense(self, items: list[Item], phases: Phases, values: torch.dtype | Compressor) -> None:
+        """The dense tensors too go by machine: reduce-scatter inside, then between machines an allreduce of the
+        shards (R small rings sharing each link instead of one ring over all N ranks), or with a compressor of
+        their own (1-bit) each shard compressed between the machines; allgather inside."""
         r = self.topology.ranks_per_node
         if r == 1 or not items:
-            super().dense(items, phases, dtype)
+            super().dense(items, phases, values)
             return
-        shard = self._mean_shard("dense", items, dtype)
+        if isinstance(values, Compressor):
+            self._run_shards(values, items, phases, "dense")
+            return
+        shard = self._mean_shard("dense", items, values)
         self.cross.allreduce_mean_(shard)
         self._share("dense", shard, items, phases)
 

@@ -3,7 +3,7 @@
 The entry point (:mod:`dgc.train`) composes YAML files from ``conf/`` on top of these schemas, so an
 unknown key or a wrong type fails at compose time, and turns the result into these objects for the
 trainer. ``compression`` is typed by the chosen compressor's own config dataclass
-(:class:`dgc.compressors.CompressorConfig` subclasses), ``sync`` by :class:`dgc.sync_config.SyncConfig`.
+(:class:`dgc.compressors.CompressorConfig` subclasses), ``sync`` by :class:`dgc.sync.config.SyncConfig`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from dgc.compressors import CompressorConfig
 from dgc.localsteps import LocalStepsConfig
-from dgc.sync_config import SyncConfig
+from dgc.sync.config import SyncConfig
 
 
 def data_home() -> Path:

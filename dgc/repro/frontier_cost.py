@@ -31,7 +31,7 @@ How an arm is priced (:func:`arm_cost`, :func:`step_s`):
 * a ring allreduce of S bytes (dense, bf16, PowerSGD, DiLoCo, the values sent dense) costs ``2 (N-1)`` message
   latencies and puts ``2 (N-1)/N S`` on each worker's link; an allgather (DGC, DeMo, SparseLoCo) ``N-1`` latencies
   and receives ``(N-1) S`` (:func:`dgc.costmodel.hardware.allreduce_s`, ``allgather_s``);
-* the agreement (:mod:`dgc.guard`): every exchange through :class:`dgc.GradientSync` starts with one allreduce of
+* the agreement (:mod:`dgc.sync`): every exchange through :class:`dgc.GradientSync` starts with one allreduce of
   :data:`AGREEMENT_BYTES` flag bytes (a non-finite gradient on any worker, stop and checkpoint requests), priced
   like any allreduce: all latency. An arm that exchanges every step pays it every step; an arm of local steps once
   per exchange (its inner steps send nothing, :meth:`dgc.LocalSteps.before_step`); the DDP arms none (DDP as users
@@ -50,7 +50,7 @@ from typing import Any
 
 from dgc.costmodel import hardware
 from dgc.costmodel.hardware import Link, Profile, Workload
-from dgc.guard import AGREEMENT_BYTES
+from dgc.sync.agreement import AGREEMENT_BYTES
 
 #: the links of the projection: Gbit/s per worker and direction, and the latency of one message (ms)
 LINKS_GBPS = (1.0, 10.0, 25.0)

@@ -1,7 +1,7 @@
 """The compression presets of ``conf/compression/`` outside Hydra: what the benchmarks and the demo build.
 
 ``preset("dgc_compact")`` reads ``conf/compression/dgc_compact.yaml`` (and the presets it extends),
-types it with the compressor's config dataclass and :class:`~dgc.sync_config.SyncConfig`, and returns both,
+types it with the compressor's config dataclass and :class:`~dgc.sync.config.SyncConfig`, and returns both,
 so a benchmark measures exactly what ``python -m dgc.train compression=dgc_compact`` trains with.
 Overrides use the command line's syntax (``"compression.wire_indices=int32"``). A preset that takes a
 setting from the task (``${task.compression_warmup_epochs}``) gets it from ``task`` (default: no
@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dgc.compressors import CompressorConfig, config_class
 from dgc.localsteps import LocalStepsConfig
-from dgc.sync_config import SyncConfig
+from dgc.sync.config import SyncConfig
 
 #: the task settings presets may refer to, at the values the benchmarks use
 BENCH_TASK = {"compression_warmup_epochs": 0.0, "local_clip_norm": None}

@@ -128,7 +128,7 @@ class Trainer:
             torch.manual_seed(cfg.seed)  # identical initialization on every worker
             self.model = self.task.build_model().to(info.device)
             compressor = dgc.build_compressor(cfg.compression)
-            self.sync = cfg.sync.build(self.model, compressor, comm)
+            self.sync = dgc.GradientSync.from_config(cfg.sync, self.model, compressor, comm)
         except ConfigError:
             raise
         except (ValueError, TypeError) as exc:

@@ -1,27 +1,58 @@
-"""A step that may be undone: the record of a step whose gradients come in parts (:class:`OpenStep`, the overlapped
-DDP hook's), and copies of the compressors' state taken before a step (:class:`StateCopy`: at once for
-``sync.pack=all``, part by part through :meth:`OpenStep.save`), put back on every worker when any worker's gradient
-was not finite (:func:`put_back`). :class:`~dgc.sync.GradientSync` decides when to take a copy and when to put it
-back."""
+"""One step of a :class:`~dgc.sync.GradientSync`, given whole or in parts, and what it may have to undo.
+
+:class:`OpenStep` is the record of a step from :meth:`GradientSync.begin` to :meth:`GradientSync.end`: its parts'
+pairs, bytes and pending agreements, the agreement strategy it runs (:mod:`dgc.sync.agreement`) and the
+optimizer's hyperparameters it runs with (:func:`hypers_of`: read once, as data, when the step begins).
+:class:`StateCopy` holds copies of the compressors' state taken before the parts change it, put back on every
+worker when any worker's gradient was not finite (:func:`put_back`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from dgc.comm import Traffic
 from dgc.compressors import Compressor
 from dgc.compressors.base import Item
+from dgc.stats import StepStats
+from dgc.sync.agreement import REQUESTS, Agreement
 from dgc.timing import Phases
+
+
+class Hyper(NamedTuple):
+    """One parameter's hyperparameters for the step: what momentum correction and ``accumulate="updates"`` need."""
+
+    momentum: float
+    nesterov: bool
+    weight_decay: float
+    lr: float
+
+
+def hypers_of(param_groups: Iterable[dict[str, Any]]) -> dict[int, Hyper]:
+    """Each parameter's :class:`Hyper` (keyed by ``id``) from an optimizer's ``param_groups``, as a scheduler left
+    them; a key a group lacks (AdamW has no ``momentum``) reads 0."""
+    out = {}
+    for g in param_groups:
+        hyper = Hyper(float(g.get("momentum", 0.0)), bool(g.get("nesterov", False)),
+                      float(g.get("weight_decay", 0.0)), float(g.get("lr", 0.0)))  # fmt: skip
+        for p in g["params"]:
+            out[id(p)] = hyper
+    return out
 
 
 @dataclass
 class OpenStep:
-    """A step whose gradients come in parts (:meth:`GradientSync.begin`): what its parts did so far."""
+    """A step from :meth:`GradientSync.begin` to :meth:`GradientSync.end`: what its parts did so far."""
 
     phases: Phases
+    #: how the workers agree on this step (:mod:`dgc.sync.agreement`; None: a step that sends nothing)
+    agreement: Agreement | None = None
+    #: the optimizer's hyperparameters of each parameter for this step (:func:`hypers_of`; empty: none bound)
+    hypers: dict[int, Hyper] = field(default_factory=dict)
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     compressed: list[Item] = field(default_factory=list)
     control: int = 0
@@ -32,8 +63,8 @@ class OpenStep:
     #: the compression state before the step: :meth:`GradientSync.begin` hands each step the same kept copy (its
     #: buffers are reused from step to step), :meth:`save` adds each part's state to it
     before: StateCopy = field(default_factory=lambda: StateCopy())
-    #: each part's agreement flags, reduced over the workers (by maximum, or averaged in a ``pack="all"`` message),
-    #: left on the device until :meth:`GradientSync.end` reads them all at once
+    #: each part's agreement flags not read yet, reduced over the workers (by maximum, or averaged in a
+    #: ``pack="all"`` message), left on the device until :meth:`GradientSync.end` reads them all at once
     agreed: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, traffic: Traffic) -> None:
@@ -41,6 +72,30 @@ class OpenStep:
         self.traffic.recv += traffic.recv
         self.traffic.collectives += traffic.collectives
         self.traffic.local_sent += traffic.local_sent
+
+    def stats(self, number: int, epoch: float, density: float) -> StepStats:
+        """What the step did, as the sync's ``number``-th step (``epoch`` and ``density``: the compressor's)."""
+        compressed, phases, traffic = [] if self.skipped else self.compressed, self.phases, self.traffic
+        return StepStats(
+            step=number,
+            epoch=epoch,
+            density=density,
+            dense_bytes=sum(g.numel() for _, g in self.pairs) * 4,
+            sent_bytes=traffic.sent,
+            recv_bytes=traffic.recv,
+            collectives=traffic.collectives,
+            dense_sent_bytes=self.dense_sent,
+            values_sent=phases.counters.get("values_sent", 0),
+            compressed_numel=sum(it.grad.numel() for it in compressed),
+            compress_s=phases.seconds["compress"],
+            communicate_s=phases.seconds["communicate"],
+            decompress_s=phases.seconds["decompress"],
+            counters=dict(phases.counters),
+            skipped=self.skipped,
+            requests=tuple(r for r in REQUESTS if r in self.requests),
+            control_bytes=self.control,
+            local_bytes=traffic.local_sent,
+        )
 
     def save(self, compressors: list[Compressor], names: list[str]) -> None:
         """Copy the state of ``names`` (before the part changes it) into :attr:`before`: one dispatch, into buffers
@@ -109,4 +164,4 @@ class StateCopy:
         put_back(self._taken, self._extra)
 
 
-__all__ = ["OpenStep", "StateCopy", "put_back"]
+__all__ = ["Hyper", "OpenStep", "StateCopy", "hypers_of", "put_back"]

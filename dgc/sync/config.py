@@ -1,7 +1,9 @@
-"""The ``sync`` config: how a :class:`~dgc.sync.GradientSync` treats the gradients around its compressor."""
+"""The ``sync`` config: how a :class:`~dgc.sync.GradientSync` treats the gradients around its compressor, and the
+checks of its options (the class and the config share them)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,12 +12,63 @@ from dgc.compressors import Compressor
 from dgc.exchanges import EXCHANGES
 from dgc.localbus import LOCAL_BUSES
 from dgc.policy import Policy
-from dgc.sync import GradientSync, check_accumulate, check_clip_norm, check_pack, resolve_clip_scope
+
+#: ``accumulate``: what the compressed tensors' momentum and residual hold
+ACCUMULATE = ("gradients", "updates")
+
+
+def check_accumulate(accumulate: Any) -> None:
+    if accumulate not in ACCUMULATE:
+        raise ValueError(f"sync.accumulate must be one of {', '.join(ACCUMULATE)}, got {accumulate!r}")
+
+
+def check_clip_norm(clip_norm: Any) -> None:
+    if clip_norm is None:
+        return
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, int | float) or math.isnan(clip_norm) or clip_norm <= 0:
+        raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}")
+
+
+#: ``pack``: what else travels in the compressor's own message (:mod:`dgc.packing`)
+PACKS = ("none", "dense", "all")
+
+
+def check_pack(pack: Any, exchange: str, dense_values: str) -> None:
+    """ValueError unless ``pack`` is one of :data:`PACKS` that the exchange and the dense values' format allow (the
+    overlapped exchange packs every one: each bucket's flags ride in its own message, read at the step's end)."""
+    if pack not in PACKS:
+        raise ValueError(f"sync.pack must be one of {', '.join(PACKS)}, got {pack!r}")
+    if pack != "none" and exchange != "flat":
+        raise ValueError(f"sync.pack={pack} needs sync.exchange=flat, got {exchange} (it sends the dense values its "
+                         "own way)")  # fmt: skip
+    if pack != "none" and dense_values == "1bit":
+        raise ValueError(f"sync.pack={pack} sends the dense values as they are: not with "
+                         "sync.policy.dense_values=1bit (1-bit keeps residuals of its own); "
+                         "use fp32, fp16 or bf16")  # fmt: skip
+
+
+#: ``clip_scope``: what local clipping bounds (GradientSync's docstring)
+CLIP_SCOPES = ("auto", "step", "tensor")
+
+
+def resolve_clip_scope(clip_scope: Any, overlap: bool, clip_norm: float | None) -> str:
+    """``step`` or ``tensor`` from a ``clip_scope`` (:data:`CLIP_SCOPES`); ValueError for a scope the overlap cannot
+    clip by."""
+    if clip_scope not in CLIP_SCOPES:
+        raise ValueError(f"sync.clip_scope must be one of {', '.join(CLIP_SCOPES)}, got {clip_scope!r}")
+    if clip_scope == "auto":
+        return "tensor" if overlap else "step"
+    if clip_scope == "step" and overlap and clip_norm is not None:
+        raise ValueError("sync.clip_scope=step clips by the norm of the whole gradient, which the overlapped exchange "
+                         "never holds (it sends each bucket as it is ready): use clip_scope=tensor (or auto) with "
+                         "sync.overlap=true")  # fmt: skip
+    return clip_scope
 
 
 @dataclass
 class SyncConfig:
-    """How a :class:`GradientSync` treats the gradients around its compressor (the ``sync`` config)."""
+    """How a :class:`GradientSync` treats the gradients around its compressor (the ``sync`` config); the sync is
+    built from it by :meth:`GradientSync.from_config`."""
 
     #: local gradient clipping: the clip of the averaged gradient; each worker clips at clip_norm * N**0.5; null: off
     clip_norm: float | None = None
@@ -67,17 +120,6 @@ class SyncConfig:
         if self.overlap and not self.ddp_hook:
             raise ValueError("sync.overlap=true needs sync.ddp_hook=true: the overlap runs in DDP's communication "
                              "hook, bucket by bucket")  # fmt: skip
-
-    def build(self, model: Any, compressor: Compressor, comm: Comm | None = None) -> GradientSync:
-        exchange, reason = self.exchange, ""
-        if exchange == "auto":
-            exchange, reason = self.choose(model, compressor, comm)
-        sync = GradientSync(model, compressor, policy=self.policy, clip_norm=self.clip_norm, comm=comm,
-                            exchange=exchange, ranks_per_node=self.ranks_per_node,
-                            local_bus=self.local_bus, accumulate=self.accumulate, overlap=self.overlap,
-                            clip_scope=self.clip_scope, pack=self.pack)  # fmt: skip
-        sync.exchange_reason = reason
-        return sync
 
     def choose(self, model: Any, compressor: Compressor, comm: Comm | None) -> tuple[str, str]:
         """exchange=auto: ``(exchange, why)`` from the calibrated cost model (flat for dense compressors)."""

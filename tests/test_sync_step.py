@@ -1,4 +1,4 @@
-"""The copies of the compression state a step may put back (dgc.openstep): StateCopy (sync.pack=all) and an OpenStep's
+"""The copies of the compression state a step may put back (dgc.sync.step): StateCopy (sync.pack=all) and an OpenStep's
 saves (the overlapped hook), both through put_back."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import dgc
-from dgc.openstep import OpenStep, StateCopy
+from dgc.sync.step import OpenStep, StateCopy
 from dgc.timing import Phases
 
 
