@@ -3,10 +3,14 @@ commit a start on a fresh machine runs (pin)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -142,3 +146,39 @@ def test_keep_commits_no_more_checkpoints_than_a_submission_can_hold(repo):
     assert "finished results/runs/t/done; unfinished (none)" in second.stdout
     assert git(repo, "show", "HEAD:results/runs/t/half/metrics.jsonl") == "half metrics.jsonl\n"  # as first kept
     assert not git(repo, "status", "--porcelain", "--", "results/runs/t/done").strip()
+
+
+RANK = """
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+def last_checkpoint(*_):
+    time.sleep(2)  # a rank finishing its step and writing its checkpoint after the signal
+    out.write_text("checkpoint")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, last_checkpoint)
+out.with_suffix(".ready").write_text("")
+time.sleep(60)
+"""
+
+
+def test_stop_returns_once_every_process_of_the_sweep_is_gone(repo, tmp_path):
+    """The ranks write their last checkpoint after the sweep's own shell has exited: stop waits for the whole process
+    group, so a keep right after finds the checkpoint in place."""
+    out = tmp_path / "rank.out"
+    sweep = subprocess.Popen(["bash", "-c", f'"{sys.executable}" -c "$1" "$2" & wait', "_", RANK, str(out)],
+                             start_new_session=True)  # fmt: skip
+    threading.Thread(target=sweep.wait, daemon=True).start()  # reaped as it exits, as init reaps the real sweep
+    try:
+        for _ in range(300):
+            if out.with_suffix(".ready").exists():
+                break
+            time.sleep(0.1)
+        (repo / "runs" / "bg").mkdir(parents=True)
+        (repo / "runs" / "bg" / "pid").write_text(f"{sweep.pid}\n")
+        stopped = sweep_tool(repo, "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert out.read_text() == "checkpoint"
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing of the group is left behind
+            os.killpg(sweep.pid, signal.SIGKILL)
+        sweep.wait()

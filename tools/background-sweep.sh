@@ -33,6 +33,9 @@ TREE=$BG/tree
 QUEUE=${QUEUE:-"cpu-fmnist:topk-s1 cpu-speech cpu-frontier-grid cpu-speech-long"}
 cd "$ROOT"
 
+# whether a process of group $1 is alive (a zombie, exited but not yet reaped, is not)
+group_alive() { pgrep -g "$1" -r R,S,D,T,t,I > /dev/null; }
+
 running() { [[ -f $BG/pid ]] && kill -0 "$(cat "$BG/pid")" 2>/dev/null; }
 
 # The commit a new start runs: runs/bg/commit while a queue is under way here; on a machine without it (a fresh
@@ -89,8 +92,11 @@ stop() {
     if running; then
         local pid; pid=$(cat "$BG/pid")
         kill -TERM -- "-$pid" 2>/dev/null || true
-        for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
-        if kill -0 "$pid" 2>/dev/null; then echo "still running after 10 min: killing"; kill -KILL -- "-$pid" || true; fi
+        kill -CONT -- "-$pid" 2>/dev/null || true  # a sweep paused for timing (kill -STOP) takes the signal now
+        # every live process of the group, not only its leader: the ranks write their last checkpoint after the
+        # leader's bash is gone, and a keep right after must find it in place
+        for _ in $(seq 600); do group_alive "$pid" || break; sleep 1; done
+        if group_alive "$pid"; then echo "still running after 10 min: killing"; kill -KILL -- "-$pid" || true; fi
         echo "stopped; a run in progress continues from its checkpoint at the next start"
     fi
     rm -f "$BG/pid"
