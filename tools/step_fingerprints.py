@@ -52,7 +52,6 @@ import json
 import math
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -65,6 +64,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from tests.multiproc import free_port  # noqa: E402  (the tests' own: a free port on 127.0.0.1)
 
 #: training steps per set-up
 STEPS = 20
@@ -420,19 +421,13 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_all(only: str) -> dict[str, Any]:
     """Run every set-up (matching ``only``) in two worker processes; ``{name: {"rank0": .., "rank1": ..}}``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     env.pop("LOCAL_WORLD_SIZE", None)
     env.pop("SLURM_NTASKS_PER_NODE", None)
     with tempfile.TemporaryDirectory(prefix="fingerprints-") as tmp:
-        port = _free_port()
+        port = free_port()
         procs: list[subprocess.Popen] = []
         logs = []
         try:

@@ -59,7 +59,7 @@ class Exchange:
         """Average the tensors the policy leaves dense (biases, BatchNorm) in their format: one allreduce in a dtype,
         or through a compressor of their own (1-bit with error feedback: its collectives on all the workers)."""
         if isinstance(values, Compressor):
-            drive(values.steps(items, phases), self.comm)
+            values.exchange(items, self.comm, phases)
         else:
             allreduce_dense(items, self.comm, phases, values, self.buckets)
 

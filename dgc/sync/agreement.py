@@ -105,9 +105,14 @@ class AgreeFirst:
         self.flags = flags
 
     def open(self, bad: torch.Tensor | None, device: torch.device, carries: bool) -> Agreed:
+        reduced = self._reduce(bad)
+        return Agreed(known=read(reduced.pending), control=reduced.control)
+
+    def _reduce(self, bad: torch.Tensor | None) -> Agreed:
+        """Every worker's flags reduced by maximum, not read, with the bytes the allreduce sent."""
         sent = self.flags.comm.traffic.sent
-        outcome = read(self.flags.reduce(bad))
-        return Agreed(known=outcome, control=self.flags.comm.traffic.sent - sent)
+        pending = self.flags.reduce(bad)
+        return Agreed(pending=pending, control=self.flags.comm.traffic.sent - sent)
 
 
 class AgreeLater(AgreeFirst):
@@ -116,9 +121,7 @@ class AgreeLater(AgreeFirst):
     undoes = True
 
     def open(self, bad: torch.Tensor | None, device: torch.device, carries: bool) -> Agreed:
-        sent = self.flags.comm.traffic.sent
-        pending = self.flags.reduce(bad)
-        return Agreed(pending=pending, control=self.flags.comm.traffic.sent - sent)
+        return self._reduce(bad)
 
 
 class AgreeInMessage:
