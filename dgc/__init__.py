@@ -15,6 +15,7 @@ try:
     from dgc.optim import SGD
     from dgc.policy import Policy
     from dgc.stats import StepStats
+    from dgc.stepping import EveryStep, Stepped
     from dgc.sync import GradientSync
     from dgc.sync.config import SyncConfig
 except ModuleNotFoundError as _missing:
@@ -32,12 +33,14 @@ __all__ = [
     "COMPRESSORS",
     "SGD",
     "CompressorConfig",
+    "EveryStep",
     "GradientSync",
     "HookState",
     "LocalSteps",
     "LocalStepsConfig",
     "Policy",
     "StepStats",
+    "Stepped",
     "SyncConfig",
     "build_compressor",
     "ddp_comm_hook",

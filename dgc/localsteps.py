@@ -21,14 +21,16 @@ averaged ``delta`` as its gradient and every worker starts the next H steps from
 Usage (library path; the trainer does the same with ``local_steps.every=H``)::
 
     sync = dgc.GradientSync(model, dgc.build_compressor("none"))
-    local = dgc.LocalSteps(sync, every=16)      # after every worker holds the same initial weights
     inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    local = dgc.LocalSteps(sync, every=16, optimizer=inner)  # after every worker holds the same initial weights
     for batch in data:
         loss(model, batch).backward()
-        if not local.before_step().skipped:     # this worker's own non-finite check: nothing is sent
-            inner.step()
-        inner.zero_grad()
-        local.after_step()                      # every 16th call: the exchange (and the agreement on requests)
+        local.step()        # the inner step (skipped on this worker's own non-finite gradient, nothing sent);
+        inner.zero_grad()   # every 16th call also the exchange and the outer step
+
+:meth:`LocalSteps.step` is :meth:`before_step`, the inner optimizer's step and :meth:`after_step`, the call
+:class:`dgc.EveryStep` makes for per-step exchanges (one loop shape, :mod:`dgc.stepping`); the two halves stay
+public for loops that step the inner optimizer themselves.
 
 Between exchanges the workers' weights differ; :meth:`LocalSteps.synced` swaps the weights last agreed on in (for
 evaluation). A checkpoint holds each worker's own weights and inner optimizer state besides :meth:`state_dict`.
@@ -37,7 +39,7 @@ evaluation). A checkpoint holds each worker's own weights and inner optimizer st
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,7 @@ import torch
 
 from dgc.compressors.base import check_int, check_number
 from dgc.stats import StepStats
+from dgc.stepping import Stepped, update
 from dgc.sync import GradientSync
 
 
@@ -68,8 +71,8 @@ class LocalStepsConfig:
         if self.outer_nesterov and self.outer_momentum == 0:
             raise ValueError("local_steps.outer_nesterov=true needs local_steps.outer_momentum > 0")
 
-    def build(self, sync: GradientSync) -> LocalSteps:
-        return LocalSteps(sync, self.every, self.outer_lr, self.outer_momentum, self.outer_nesterov)
+    def build(self, sync: GradientSync, optimizer: torch.optim.Optimizer | None = None) -> LocalSteps:
+        return LocalSteps(sync, self.every, self.outer_lr, self.outer_momentum, self.outer_nesterov, optimizer)
 
 
 class LocalSteps:
@@ -79,6 +82,7 @@ class LocalSteps:
         sync: the exchange of the pseudo-gradients, built on the model (its parameters' names key the state).
         every: H, inner steps between exchanges (>= 1).
         outer_lr, outer_momentum, outer_nesterov: the outer SGD's.
+        optimizer: the inner optimizer :meth:`step` steps (each worker's own, on its own data).
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class LocalSteps:
         outer_lr: float = 0.7,
         outer_momentum: float = 0.9,
         outer_nesterov: bool = True,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
         check_int(every, "local_steps.every", 1)
         compressor = sync.compressor
@@ -105,6 +110,7 @@ class LocalSteps:
                              "set sync.accumulate=gradients")  # fmt: skip
         self.sync = sync
         self.every = every
+        self.optimizer = optimizer
         self.params = [p for _, p in sync.params]
         with torch.no_grad():
             #: the weights the workers last agreed on (theta_synced): what the outer optimizer steps
@@ -116,6 +122,19 @@ class LocalSteps:
         self.since = 0
         #: exchanges done
         self.rounds = 0
+
+    def step(self, before_update: Callable[[], None] | None = None, last: bool = False) -> Stepped:
+        """One inner step: this worker's own check, ``before_update()`` and the inner optimizer's step unless the
+        check skipped it, then on the H-th step (or ``last``, the run's last step) the exchange and the outer step
+        (:attr:`Stepped.outer`)."""
+        if self.optimizer is None:
+            raise ValueError(
+                "LocalSteps.step() steps the inner optimizer: build it with LocalSteps(sync, every, optimizer=inner), "
+                "or call before_step() and after_step() around your own step"
+            )
+        stats = self.before_step()
+        update(self.optimizer, stats.skipped, before_update)
+        return Stepped(stats, self.after_step(force=last))
 
     def before_step(self) -> StepStats:
         """Before the inner optimizer steps: this worker's own check, nothing sent (:meth:`GradientSync.check_local`):

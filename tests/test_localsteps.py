@@ -122,15 +122,15 @@ def sparseloco_reference(world, rounds, every, lr, momentum, outer_lr, chunk, k,
 def _train(rank, world, compressor, options, every, outer, rounds, lr, momentum):
     model = Quadratic()
     sync = dgc.GradientSync(model, dgc.build_compressor(compressor, **options))
-    local = dgc.LocalSteps(sync, every, *outer)
     inner = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    local = dgc.LocalSteps(sync, every, *outer, optimizer=inner)
     sent = []
     for step in range(rounds * every):
         model.loss(targets(rank, step)).backward()
-        assert not local.before_step().skipped
-        inner.step()
+        stepped = local.step()  # the inner step, and every H-th the exchange and the outer step
         inner.zero_grad()
-        stats = local.after_step()
+        assert not stepped.skipped
+        stats = stepped.outer
         assert (stats is not None) == ((step + 1) % every == 0)
         if stats is not None:
             sent.append(stats.sent_bytes)
@@ -227,6 +227,27 @@ def test_local_steps_refuse_what_acts_on_each_steps_gradient():
         dgc.LocalStepsConfig(every=4, outer_momentum=0.0)
     # DGC without momentum correction is plain error feedback: it composes
     dgc.LocalSteps(dgc.GradientSync(model, dgc.build_compressor("dgc", momentum_correction=False)), 4)
+
+
+def test_step_steps_the_inner_optimizer_unless_this_workers_gradient_is_not_finite():
+    model = Quadratic()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    local = dgc.LocalSteps(dgc.GradientSync(model, dgc.build_compressor("none")), 2, optimizer=inner)
+    start = model.w.detach().clone()
+    clipped = []
+    model.loss(targets(0, 0)).backward()
+    model.w.grad.view(-1)[0] = float("nan")
+    stepped = local.step(before_update=lambda: clipped.append(1))
+    assert stepped.skipped and stepped.outer is None and clipped == [] and torch.equal(model.w, start)
+    inner.zero_grad()
+    model.loss(targets(0, 1)).backward()
+    stepped = local.step(before_update=lambda: clipped.append(1))  # the 2nd inner step: the exchange (one rank)
+    assert not stepped.skipped and clipped == [1] and stepped.outer is not None and not stepped.outer_skipped
+    assert stepped.sent_bytes == stepped.outer.sent_bytes > 0 and local.rounds == 1
+    model.loss(targets(0, 2)).backward()
+    assert local.step(last=True).outer is not None  # the run's last step exchanges early
+    with pytest.raises(ValueError, match=r"build it with LocalSteps\(sync, every, optimizer=inner\)"):
+        dgc.LocalSteps(dgc.GradientSync(model, dgc.build_compressor("none")), 2).step()
 
 
 def test_a_non_finite_pseudo_gradient_puts_every_worker_back_on_the_synced_weights():

@@ -1,14 +1,15 @@
 """Bit-identity harness: proof that a refactor of the library changes no number.
 
-For each named set-up (a compressor, an exchange, a policy, a path: library ``sync.step()``, the DDP hook serial or
-overlapped, local steps; with clipping, Nesterov and weight decay, a learning-rate schedule, a NaN on one rank, a
-request) two real processes joined by a gloo process group on 127.0.0.1 train a tiny deterministic model for
-:data:`STEPS` steps through the public API only (``dgc.build_compressor``, ``dgc.GradientSync``, ``dgc.SGD``,
-``dgc.Policy``, ``dgc.ddp_comm_hook``, ``dgc.LocalStepsConfig``/``dgc.LocalSteps``, ``set_epoch``, ``request``,
-``state_dict``, ``StepStats``). Each rank records sha256 fingerprints of
+For each named set-up (a compressor, an exchange, a policy, a path: library ``dgc.EveryStep``, the DDP hook serial
+or overlapped, local steps ``LocalSteps.step``; with clipping, Nesterov and weight decay, a learning-rate schedule,
+a NaN on one rank, a request) two real processes joined by a gloo process group on 127.0.0.1 train a tiny
+deterministic model for :data:`STEPS` steps through the public API only (``dgc.build_compressor``,
+``dgc.GradientSync``, ``dgc.SGD``, ``dgc.Policy``, ``dgc.ddp_comm_hook``, ``dgc.EveryStep``,
+``dgc.LocalStepsConfig``/``dgc.LocalSteps``, ``set_epoch``, ``request``, ``state_dict``, ``StepStats``). Each rank
+records sha256 fingerprints of
 
 * ``grads``: every step's averaged gradients, the bytes of every parameter's ``.grad`` in parameter order (local
-  steps: this rank's gradient after ``before_step()`` and its weights after ``after_step()``, every step);
+  steps: this rank's gradient the inner step stepped on and its weights after ``LocalSteps.step()``, every step);
 * ``stats``: every step's :class:`dgc.StepStats` (``dataclasses.asdict``, the fields holding seconds dropped);
 * ``state``: the final compression state, ``sync.state_dict()`` (and ``LocalSteps.state_dict()``): every tensor's
   key path, dtype, shape and bytes in sorted key order, every other value by its ``repr``;
@@ -47,6 +48,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -312,12 +314,13 @@ def run_setup(s: Setup, rank: int) -> dict[str, Any]:
         sync = dgc.GradientSync(model, compressor, policy=policy, **s.sync)
         local = inner = opt = sched = net = None
         if s.path == "local":
-            local = dgc.LocalStepsConfig(**s.local).build(sync)
             inner = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+            local = dgc.LocalStepsConfig(**s.local).build(sync, inner)
         else:
             opt = dgc.SGD(params, sync, **s.optim)
             if s.schedule:
                 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+            stepper = dgc.EveryStep(sync, opt, hooked=s.path == "ddp")
         if s.path == "ddp":
             net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=BUCKET_MB)
             net.register_comm_hook(sync, dgc.ddp_comm_hook)
@@ -339,20 +342,18 @@ def run_setup(s: Setup, rank: int) -> dict[str, Any]:
         if poison["on"] and rank == 1 and s.path != "ddp":
             with torch.no_grad():
                 params[0].grad[3] = math.nan
+        seen: list[str] = []  # the gradients the update steps on (zeroed when the step is skipped: read after)
+        read = functools.partial(lambda out: out.append(grads_digest(params)), seen)
         if s.path == "local":
-            before = local.before_step()
-            grads = grads_digest(params)
-            if not before.skipped:
-                inner.step()
+            stepped = local.step(before_update=read)
+            grads = seen[0] if seen else grads_digest(params)
             inner.zero_grad()
-            after = local.after_step()
-            stats = {"before": stats_record(before), "after": stats_record(after)}
+            stats = {"before": stats_record(stepped.stats), "after": stats_record(stepped.outer)}
             weights = digest([p.detach() for p in params])
             trace.step(hashlib.sha256((grads + weights).encode()).hexdigest(), stats)
             continue
-        stats = sync.step() if s.path == "library" else sync.last
-        trace.step(grads_digest(params), stats_record(stats))
-        opt.step()
+        stepped = stepper.step(before_update=read)
+        trace.step(seen[0] if seen else grads_digest(params), stats_record(stepped.stats))
         opt.zero_grad()
         if sched is not None:
             sched.step()

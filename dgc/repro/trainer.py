@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -139,16 +139,9 @@ class Trainer:
                 dist.broadcast(tensor, src=0)
         if self.sync.exchange_reason and info.is_main:
             print(self.sync.exchange_reason, flush=True)
-        #: local steps (DiLoCo, SparseLoCo): the sync exchanges a pseudo-gradient every H steps
-        self.local: dgc.LocalSteps | None = None
-        if cfg.local_steps.every:
-            if cfg.sync.ddp_hook:
-                raise ConfigError("local_steps.every needs sync.ddp_hook=false: DDP would average every step's "
-                                  "gradient")  # fmt: skip
-            try:
-                self.local = cfg.local_steps.build(self.sync)  # after the broadcast: every worker's anchor is equal
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
+        if cfg.local_steps.every and cfg.sync.ddp_hook:
+            raise ConfigError("local_steps.every needs sync.ddp_hook=false: DDP would average every step's "
+                              "gradient")  # fmt: skip
         self.net: torch.nn.Module = self.model
         self._weights = [p.detach() for p in self.model.parameters() if p.is_floating_point()]  # checked each step
         self._buffers = list(self.model.buffers())
@@ -168,6 +161,17 @@ class Trainer:
                 {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0},
             ]
         self.optimizer = self._optimizer(groups)
+        #: local steps (DiLoCo, SparseLoCo): the sync exchanges a pseudo-gradient every H steps
+        self.local: dgc.LocalSteps | None = None
+        if cfg.local_steps.every:
+            try:  # after the broadcast: every worker's anchor is equal
+                self.local = cfg.local_steps.build(self.sync, self.optimizer)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        #: the exchange and the update, one call in every mode (per step, DDP's hook, local steps)
+        self.stepper: dgc.EveryStep | dgc.LocalSteps = self.local or dgc.EveryStep(
+            self.sync, self.optimizer, hooked=self.net is not self.model
+        )
         schedule = getattr(compressor, "schedule", None)
         self.compression_warmup = schedule.warmup_epochs if schedule is not None else 0.0
         self.steps_per_epoch = self.task.batches_per_epoch() // cfg.train.accumulate
@@ -334,41 +338,26 @@ class Trainer:
             loss.backward()
             loss_sum += float(loss.detach())
         self._notify("after_backward")
-        if self.local is not None:
-            stats = self.local.before_step()
-        elif self.net is self.model:
-            stats = self.sync.step()
-        else:
-            stats = self.sync.last
-        exchange_s = stats.compress_s + stats.communicate_s + stats.decompress_s
         # clipping after aggregation is the dense baseline's; with local clipping on (DGC), each worker
         # already clipped its own gradient before accumulating it, and the aggregated sparse update
         # (many steps' accumulated gradient) must not be clipped again (paper, section 3.2)
-        if stats.skipped and self._buffers:  # nothing of a skipped step stays: not its batch's statistics either
+        clip = cfg.optim.grad_clip if cfg.sync.clip_norm is None else 0.0
+        stepped = self.stepper.step(
+            before_update=(lambda: torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)) if clip else None,
+            last=self.step + 1 == self.total_steps,
+        )
+        if stepped.skipped and self._buffers:  # nothing of a skipped step stays: not its batch's statistics either
             torch._foreach_copy_(self._buffers, self._buffers_before)
-        if not stats.skipped:  # a skipped step (non-finite gradient on some rank) updates nothing
-            if cfg.optim.grad_clip and cfg.sync.clip_norm is None:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
-            self.optimizer.step()
-            if self.local is None:  # (with local steps each rank's weights are its own until the exchange)
-                self._check_weights()
+        if not stepped.skipped and self.local is None:  # (with local steps each rank's weights are its own)
+            self._check_weights()
         self.optimizer.zero_grad(set_to_none=True)
-        sent_bytes, outer_skipped = stats.sent_bytes, False
-        if self.local is not None:  # every H-th step (and the last): the pseudo-gradient and the outer step
-            outer = self.local.after_step(force=self.step + 1 == self.total_steps)
-            if outer is not None:
-                exchange_s += outer.compress_s + outer.communicate_s + outer.decompress_s
-                sent_bytes += outer.sent_bytes
-                outer_skipped = outer.skipped
-                requests = set(stats.requests) | set(outer.requests)
-                stats = replace(stats, requests=tuple(sorted(requests)), communicate_s=stats.communicate_s
-                                + outer.communicate_s)  # fmt: skip
+        stats, sent_bytes, outer_skipped = stepped.stats, stepped.sent_bytes, stepped.outer_skipped
         t2 = time.perf_counter()
         self.step += 1
         self.batch += acc
-        self._stopping |= "stop" in stats.requests
-        self._checkpoint_requested |= "checkpoint" in stats.requests
-        if "diverged" in stats.requests:  # local steps: some rank's own streak, seen by all at this exchange
+        self._stopping |= "stop" in stepped.requests
+        self._checkpoint_requested |= "checkpoint" in stepped.requests
+        if "diverged" in stepped.requests:  # local steps: some rank's own streak, seen by all at this exchange
             raise Diverged(
                 self._diverged("inner steps in a row", f"on some rank (seen at the exchange of step {self.step})")
             )
@@ -395,9 +384,9 @@ class Trainer:
             "density": stats.density,
             "sent_bytes": sent_bytes,
             "dense_bytes": stats.dense_bytes,
-            "compute_s": (t2 - t0) - exchange_s,
-            "compress_s": exchange_s - stats.communicate_s,
-            "communicate_s": stats.communicate_s,
+            "compute_s": (t2 - t0) - stepped.exchange_s,
+            "compress_s": stepped.exchange_s - stepped.communicate_s,
+            "communicate_s": stepped.communicate_s,
             "step_s": t2 - t0,
             "skipped": float(stats.skipped or outer_skipped),
         }
