@@ -52,8 +52,12 @@ data: install ## build the offline corpora under $(DATA) (skipped when present):
 	$(PY) -m dgc.tasks.token_files --root $(DATA)/kjv_char
 	$(PY) -m dgc.tasks.synth_speech --root $(DATA)/synth_speech
 
-test: install ## run the test suite (CPU, gloo; what CI runs)
-	$(PY) -m pytest -q -m "not slow and not gpu"
+# the suite in TEST_WORKERS processes (pytest-xdist; tests that share machine state keep to one worker through
+# xdist_group marks): its tests wait on process start-up and on each other's ranks, so two workers on 2 cores take
+# 31 min where one took 41; the 30 slowest tests are listed at the end
+TEST_WORKERS ?= 2
+test: install ## run the test suite (CPU, gloo; what CI runs); TEST_WORKERS=1 runs it in one process
+	$(PY) -m pytest -q -m "not slow and not gpu" -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 test-torch-floor: install ## the library's tests with the oldest torch it supports (torch 2.4.1 in a venv of its own, removed after; ~5 min)
 	tools/test-torch-floor.sh

@@ -21,6 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "launch" / "netcluster.py"
+#: these tests compare the machine's namespaces and links before and after: one xdist worker runs them all
+pytestmark = pytest.mark.xdist_group("netns")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="builds network namespaces: needs root")
 
 
