@@ -52,11 +52,12 @@ data: install ## build the offline corpora under $(DATA) (skipped when present):
 	$(PY) -m dgc.tasks.token_files --root $(DATA)/kjv_char
 	$(PY) -m dgc.tasks.synth_speech --root $(DATA)/synth_speech
 
-# the suite in TEST_WORKERS processes (pytest-xdist; tests that share machine state keep to one worker through
-# xdist_group marks): its tests wait on process start-up and on each other's ranks, so two workers on 2 cores take
-# 31 min where one took 41; the 30 slowest tests are listed at the end
-TEST_WORKERS ?= 2
-test: install ## run the test suite (CPU, gloo; what CI runs); TEST_WORKERS=1 runs it in one process
+# TEST_WORKERS=2 runs the suite in 2 pytest-xdist processes (tests that share machine state keep to one worker through
+# xdist_group marks): on 2 cores 31 min where one process took 41. CI runs it in one (0): under 2 workers the
+# netcluster bench test once found its cluster's namespaces still listed after the run (not yet understood). The 30
+# slowest tests are listed at the end.
+TEST_WORKERS ?= 0
+test: install ## run the test suite (CPU, gloo; what CI runs); TEST_WORKERS=2 runs it in 2 processes
 	$(PY) -m pytest -q -m "not slow and not gpu" -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 test-torch-floor: install ## the library's tests with the oldest torch it supports (torch 2.4.1 in a venv of its own, removed after; ~5 min)
