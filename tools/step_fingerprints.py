@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import functools
 import hashlib
 import json
 import math
@@ -312,10 +311,10 @@ def run_setup(s: Setup, rank: int) -> dict[str, Any]:
         compressor = dgc.build_compressor(s.compressor, **s.options)
         policy = dgc.Policy(dense_values=s.dense_values) if s.dense_values else None
         sync = dgc.GradientSync(model, compressor, policy=policy, **s.sync)
-        local = inner = opt = sched = net = None
+        local = opt = sched = net = None
         if s.path == "local":
-            inner = torch.optim.SGD(params, lr=0.05, momentum=0.9)
-            local = dgc.LocalStepsConfig(**s.local).build(sync, inner)
+            opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)  # the inner optimizer
+            stepper = local = dgc.LocalStepsConfig(**s.local).build(sync, opt)
         else:
             opt = dgc.SGD(params, sync, **s.optim)
             if s.schedule:
@@ -343,18 +342,15 @@ def run_setup(s: Setup, rank: int) -> dict[str, Any]:
             with torch.no_grad():
                 params[0].grad[3] = math.nan
         seen: list[str] = []  # the gradients the update steps on (zeroed when the step is skipped: read after)
-        read = functools.partial(lambda out: out.append(grads_digest(params)), seen)
+        stepped = stepper.step(before_update=lambda out=seen: out.append(grads_digest(params)))
+        grads = seen[0] if seen else grads_digest(params)
+        opt.zero_grad()
         if s.path == "local":
-            stepped = local.step(before_update=read)
-            grads = seen[0] if seen else grads_digest(params)
-            inner.zero_grad()
             stats = {"before": stats_record(stepped.stats), "after": stats_record(stepped.outer)}
             weights = digest([p.detach() for p in params])
             trace.step(hashlib.sha256((grads + weights).encode()).hexdigest(), stats)
             continue
-        stepped = stepper.step(before_update=read)
-        trace.step(seen[0] if seen else grads_digest(params), stats_record(stepped.stats))
-        opt.zero_grad()
+        trace.step(grads, stats_record(stepped.stats))
         if sched is not None:
             sched.step()
     state = {"sync": sync.state_dict()}

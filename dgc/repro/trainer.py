@@ -351,7 +351,8 @@ class Trainer:
         if not stepped.skipped and self.local is None:  # (with local steps each rank's weights are its own)
             self._check_weights()
         self.optimizer.zero_grad(set_to_none=True)
-        stats, sent_bytes, outer_skipped = stepped.stats, stepped.sent_bytes, stepped.outer_skipped
+        stats, sent_bytes = stepped.stats, stepped.sent_bytes
+        skipped = stepped.skipped or stepped.outer_skipped  # nothing of this step counts
         t2 = time.perf_counter()
         self.step += 1
         self.batch += acc
@@ -361,7 +362,7 @@ class Trainer:
             raise Diverged(
                 self._diverged("inner steps in a row", f"on some rank (seen at the exchange of step {self.step})")
             )
-        if stats.skipped or outer_skipped:
+        if skipped:
             self.totals["skipped"] += 1
             self.totals["bad_streak"] += 1
             if self.totals["bad_streak"] == cfg.train.max_bad_steps and self.local is not None:
@@ -388,7 +389,7 @@ class Trainer:
             "compress_s": stepped.exchange_s - stepped.communicate_s,
             "communicate_s": stepped.communicate_s,
             "step_s": t2 - t0,
-            "skipped": float(stats.skipped or outer_skipped),
+            "skipped": float(skipped),
         }
 
     def _autocast(self):
